@@ -1,0 +1,555 @@
+"""Pipeline configuration: dataclasses validated at load, with errors that name the field.
+
+A pipeline file is plain Python whose function returns one `PipelineConfig`; variants are
+more functions. Everything a run needs is here, so a run directory's `config.json` fully
+describes it and `--set a.b=v` overrides reach every field. Nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A pipeline or configuration problem a person can fix; the message says what and how."""
+
+
+def _fail(path: str, value: Any, expected: str) -> typing.NoReturn:
+    raise ConfigError(f"{path} = {value!r} is not allowed: expected {expected}")
+
+
+@dataclass
+class TinyModelSpec:
+    """How the embedded tiny teacher and student are built (a change rebuilds them)."""
+
+    arch: str = "qwen2"
+    """Architecture: "qwen2" (q/k/v bias, like DeepSeek-R1-Distill-Qwen) or "llama"."""
+    hidden_size: int = 128
+    """Model width. hidden_size / num_heads must be >= 32 so vLLM's CPU build can run it."""
+    num_layers: int = 3
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = 512
+    """MLP width."""
+    teacher_steps: int = 1200
+    """Supervised steps on the task for the teacher (the last checkpoint)."""
+    student_accuracy: float = 0.3
+    """The student is the first earlier checkpoint (checked every 25 steps) whose held-out
+    greedy accuracy reaches this share: a clearly weaker model from the same run."""
+    batch_size: int = 128
+    """Supervised batch size, in examples."""
+    lr: float = 3e-3
+    """Supervised AdamW peak learning rate (warm-up, then cosine decay to 10%)."""
+    key_bias_layer0: float = 0.0
+    """Planted sensitivity: add this constant to layer 0's key-projection bias (0 = none)."""
+    seed: int = 0
+    """Seed of initialisation and supervised data order."""
+
+    def validate(self, path: str) -> None:
+        _one_of(f"{path}.arch", self.arch, ("qwen2", "llama"))
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            _positive(f"{path}.{name}", getattr(self, name))
+        _positive(f"{path}.intermediate_size", self.intermediate_size)
+        _positive(f"{path}.teacher_steps", self.teacher_steps)
+        if not 0.0 < self.student_accuracy < 1.0:
+            _fail(f"{path}.student_accuracy", self.student_accuracy, "a share in (0, 1)")
+        _positive(f"{path}.batch_size", self.batch_size)
+        _positive(f"{path}.lr", self.lr)
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
+            _fail(
+                f"{path}.hidden_size",
+                self.hidden_size,
+                f"a multiple of num_heads={self.num_heads} with head size >= 32 "
+                f"(e.g. hidden_size={32 * self.num_heads})",
+            )
+        if self.num_heads % self.num_kv_heads:
+            _fail(
+                f"{path}.num_kv_heads",
+                self.num_kv_heads,
+                f"a divisor of num_heads={self.num_heads}",
+            )
+
+
+@dataclass
+class ModelsConfig:
+    """Which student and teacher to use."""
+
+    student: str = "tiny"
+    """"tiny" (built and cached locally) or a local Hugging Face checkpoint directory."""
+    teacher: str = "tiny"
+    """"tiny" or a local Hugging Face checkpoint directory; must share the student's tokenizer."""
+    tiny: TinyModelSpec = field(default_factory=TinyModelSpec)
+    """Recipe of the tiny models, used where student or teacher is "tiny"."""
+    cache_dir: str | None = None
+    """Where tiny models and data are cached; default $OPDFLOW_CACHE or ~/.cache/opdflow."""
+
+    def validate(self, path: str) -> None:
+        self.tiny.validate(f"{path}.tiny")
+        if (self.student == "tiny") != (self.teacher == "tiny"):
+            _fail(
+                f"{path}.teacher",
+                self.teacher,
+                'both student and teacher "tiny", or both local checkpoint directories',
+            )
+
+
+@dataclass
+class TaskSpec:
+    """The synthetic arithmetic task with checkable answers (used where data is "tiny")."""
+
+    digits: int = 3
+    """Digits per operand (zero-padded), e.g. 3 gives "Q:123+045="."""
+    num_train: int = 20000
+    """Training prompts written to the cached parquet."""
+    num_heldout: int = 256
+    """Held-out prompts written to the cached parquet (disjoint from training)."""
+
+    def validate(self, path: str) -> None:
+        _in_range(f"{path}.digits", self.digits, 1, 6)
+        _positive(f"{path}.num_train", self.num_train)
+        _positive(f"{path}.num_heldout", self.num_heldout)
+
+
+@dataclass
+class DataConfig:
+    """Prompts for training and the held-out quality metric."""
+
+    train: str = "tiny"
+    """"tiny" or a parquet file: a `prompt` column (string or chat-message list)."""
+    heldout: str = "tiny"
+    """"tiny" or a parquet file with the same schema; fixed across runs for paired stats."""
+    task: TaskSpec = field(default_factory=TaskSpec)
+    """The synthetic task, used where train or heldout is "tiny"."""
+    prompts_per_step: int = 8
+    """Prompts per training step (the paper: 8)."""
+    responses_per_prompt: int = 8
+    """Responses sampled per prompt (the paper: 8)."""
+    max_prompt_tokens: int = 512
+    """Longer prompts are refused at load with the file and row named."""
+
+    def validate(self, path: str) -> None:
+        self.task.validate(f"{path}.task")
+        _positive(f"{path}.prompts_per_step", self.prompts_per_step)
+        _positive(f"{path}.responses_per_prompt", self.responses_per_prompt)
+        _positive(f"{path}.max_prompt_tokens", self.max_prompt_tokens)
+
+
+@dataclass
+class EngineConfig:
+    """The rollout engine: the configuration c whose mismatch the study measures."""
+
+    kind: str = "torch"
+    """"torch" (TorchEngine, runs anywhere) or "vllm" (pip install opdflow[vllm])."""
+    recipe: str = "bf16"
+    """Precision recipe of the rollout engine, e.g. "bf16", "fp8", "noise(0.15)"."""
+    replicas: int = 1
+    """Generator actors in the pool."""
+    temperature: float = 1.0
+    """Sampling temperature; logprobs are those of the distribution actually sampled from."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    max_new_tokens: int = 8
+    """Response length cap, in tokens."""
+    exact_kl_max_vocab: int = 4096
+    """Compute exact full-vocabulary KL when the vocabulary is at most this large."""
+
+    def validate(self, path: str) -> None:
+        _one_of(f"{path}.kind", self.kind, ("torch", "vllm"))
+        _positive(f"{path}.replicas", self.replicas)
+        _positive(f"{path}.temperature", self.temperature)
+        if not 0.0 < self.top_p <= 1.0:
+            _fail(f"{path}.top_p", self.top_p, "a number in (0, 1]")
+        _positive(f"{path}.max_new_tokens", self.max_new_tokens)
+        if not isinstance(self.recipe, str) or not self.recipe.strip():
+            _fail(f"{path}.recipe", self.recipe, 'a recipe name such as "bf16"')
+
+
+@dataclass
+class TrainConfig:
+    """The learner: optimiser and objective."""
+
+    steps: int = 40
+    """Learner steps (weight versions produced)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0 = off)."""
+    loss: str = "opd"
+    """"opd" (teacher-student log ratio advantage), or the RL baselines "reinforce", "grpo"."""
+    advantage_from: str = "learner"
+    """Whose logprob the OPD advantage subtracts: "learner" (default) or "engine"."""
+    is_clip: float = 0.0
+    """Truncated importance weight min(exp(logp_learner - logp_engine), C); 0 = off."""
+    center_advantage: bool = False
+    """Subtract the batch-mean advantage (score centering)."""
+    max_bad_steps: int = 3
+    """Steps with a NaN/inf loss are skipped; the run stops after this many."""
+
+    def validate(self, path: str) -> None:
+        _positive(f"{path}.steps", self.steps)
+        _positive(f"{path}.lr", self.lr)
+        _nonnegative(f"{path}.weight_decay", self.weight_decay)
+        _nonnegative(f"{path}.grad_clip", self.grad_clip)
+        _one_of(f"{path}.loss", self.loss, ("opd", "reinforce", "grpo"))
+        _one_of(f"{path}.advantage_from", self.advantage_from, ("learner", "engine"))
+        _nonnegative(f"{path}.is_clip", self.is_clip)
+        _nonnegative(f"{path}.max_bad_steps", self.max_bad_steps)
+
+
+@dataclass
+class StalenessConfig:
+    """How many versions old rollout weights may be: step n trains on version v iff n - v <= k."""
+
+    policy: str = "fixed"
+    """"fixed" (k below) or "adaptive" (tunes k in [0, k_max] to keep the trainer busy)."""
+    k: int = 2
+    """Fixed staleness bound; 0 = synchronous. The adaptive policy's starting k."""
+    k_max: int = 8
+    """Adaptive policy: largest k it may choose."""
+    target_wait_share: float = 0.02
+    """Adaptive policy: trainer wait as a share of step time it aims to stay under."""
+    budget_nats: float = 0.0
+    """Adaptive policy: d_stale (nats/token) it may never exceed; 0 = no budget."""
+
+    def validate(self, path: str) -> None:
+        _one_of(f"{path}.policy", self.policy, ("fixed", "adaptive"))
+        _nonnegative(f"{path}.k", self.k)
+        _nonnegative(f"{path}.k_max", self.k_max)
+        if self.policy == "adaptive" and self.k > self.k_max:
+            _fail(f"{path}.k", self.k, f"at most k_max={self.k_max}")
+        if not 0.0 < self.target_wait_share < 1.0:
+            _fail(f"{path}.target_wait_share", self.target_wait_share, "a share in (0, 1)")
+        _nonnegative(f"{path}.budget_nats", self.budget_nats)
+
+
+@dataclass
+class EvalConfig:
+    """Held-out KL: responses from the standard BF16 engine of the current student."""
+
+    every: int = 10
+    """Evaluate at step 0, every this many steps, and at the end."""
+    prompts: int = 32
+    """Held-out prompts used (the first ones of the held-out set, fixed across runs)."""
+    samples_per_prompt: int = 4
+    """Responses per held-out prompt."""
+    seed: int = 1234
+    """Sampling seed of the held-out responses, identical across runs for pairing."""
+
+    def validate(self, path: str) -> None:
+        _positive(f"{path}.every", self.every)
+        _positive(f"{path}.prompts", self.prompts)
+        _positive(f"{path}.samples_per_prompt", self.samples_per_prompt)
+
+
+@dataclass
+class StageResources:
+    """Ray resources of one stage's actors."""
+
+    num_cpus: float = 1.0
+    """Logical CPUs reserved per actor."""
+    num_gpus: float = 0.0
+    """GPUs per actor."""
+    torch_threads: int = 1
+    """torch intra-op threads inside the actor (pinned so stages do not fight for cores)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources, e.g. {"rollout": 1} to place on rollout nodes."""
+
+    def validate(self, path: str) -> None:
+        _nonnegative(f"{path}.num_cpus", self.num_cpus)
+        _nonnegative(f"{path}.num_gpus", self.num_gpus)
+        _positive(f"{path}.torch_threads", self.torch_threads)
+
+
+def _light() -> StageResources:
+    return StageResources(num_cpus=0.0)
+
+
+@dataclass
+class ResourcesConfig:
+    """Resources per stage."""
+
+    generator: StageResources = field(default_factory=StageResources)
+    """Each rollout engine replica."""
+    learner: StageResources = field(default_factory=StageResources)
+    """The learner."""
+    rescorer: StageResources = field(default_factory=_light)
+    """The BF16 rescorer."""
+    teacher: StageResources = field(default_factory=_light)
+    """The teacher scorer."""
+    evaluator: StageResources = field(default_factory=_light)
+    """The held-out evaluator."""
+
+    def validate(self, path: str) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(f"{path}.{f.name}")
+
+
+@dataclass
+class PipelineConfig:
+    """One OPD run: student, teacher, data, rollout engine, staleness, steps."""
+
+    name: str = "opd"
+    """Run name, used in the run directory's name."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation of the learner."""
+    run_dir: str | None = None
+    """Run directory; default runs/<name>-<timestamp>."""
+    warmup_steps: int = 2
+    """Steps excluded from updates/hour (actor start, first weight fetch)."""
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    """Student and teacher."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Rollout engine."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Learner."""
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    """Staleness bound and policy."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out KL."""
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """Ray resources per stage."""
+
+    def validate(self) -> PipelineConfig:
+        if (
+            not isinstance(self.name, str)
+            or not self.name.replace("-", "").replace("_", "").isalnum()
+        ):
+            _fail("name", self.name, "letters, digits, '-' and '_'")
+        _nonnegative("warmup_steps", self.warmup_steps)
+        for f in dataclasses.fields(self):
+            sub = getattr(self, f.name)
+            if dataclasses.is_dataclass(sub):
+                sub.validate(f.name)
+        _check_types(self, "")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
+        return _from_dict(cls, data, "").validate()
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        hint = difflib.get_close_matches(str(value), allowed, n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        _fail(path, value, "one of " + ", ".join(repr(a) for a in allowed) + extra)
+
+
+def _positive(path: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        _fail(path, value, "a number > 0")
+
+
+def _nonnegative(path: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        _fail(path, value, "a number >= 0")
+
+
+def _in_range(path: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        _fail(path, value, f"an integer in [{lo}, {hi}]")
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is dict:
+        return isinstance(value, dict)
+    if origin is list:
+        return isinstance(value, list)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_types(obj: Any, prefix: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_types(value, path + ".")
+        elif not _type_ok(value, hints[f.name]):
+            _fail(path, value, f"a value of type {_type_name(hints[f.name])}")
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _unknown(path: str, name: str, cls: type) -> typing.NoReturn:
+    names = [f.name for f in dataclasses.fields(cls)]
+    hint = difflib.get_close_matches(name, names, n=1)
+    extra = f"; did you mean {hint[0]!r}?" if hint else ""
+    raise ConfigError(
+        f"unknown config field {path + name!r}{extra} (fields of {cls.__name__}: {', '.join(names)})"
+    )
+
+
+def _from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in known:
+            _unknown(prefix, key, cls)
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            value = _from_dict(hint, value, f"{prefix}{key}.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def _coerce(text: str, hint: Any, path: str) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null"):
+            return None
+        hint = args[0]
+    try:
+        if hint is bool:
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+        if typing.get_origin(hint) in (dict, list):
+            return json.loads(text)
+        return text
+    except ValueError:
+        _fail(path, text, f"a value of type {_type_name(hint)}")
+
+
+def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig:
+    """Apply `a.b=value` strings (the CLI's --set) in place, then validate."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. --set train.lr=3e-4")
+        key, text = item.split("=", 1)
+        obj: Any = cfg
+        parts = key.strip().split(".")
+        for i, part in enumerate(parts):
+            prefix = ".".join(parts[:i])
+            prefix = prefix + "." if prefix else ""
+            if not dataclasses.is_dataclass(obj) or part not in {
+                f.name for f in dataclasses.fields(obj)
+            }:
+                if not dataclasses.is_dataclass(obj):
+                    raise ConfigError(f"--set {key}: {prefix.rstrip('.')} has no sub-fields")
+                _unknown(prefix, part, type(obj))
+            if i == len(parts) - 1:
+                hint = typing.get_type_hints(type(obj))[part]
+                if dataclasses.is_dataclass(hint):
+                    raise ConfigError(
+                        f"--set {key}: a section; set one of its fields, e.g. {key}.<field>=..."
+                    )
+                setattr(obj, part, _coerce(text.strip(), hint, key))
+            else:
+                obj = getattr(obj, part)
+    return cfg.validate()
+
+
+# ---------------------------------------------------------------- pipeline files
+
+
+def load_pipeline(spec: str, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load `path/to/pipeline.py[:function]` (default function `pipeline`) and validate it."""
+    path_text, _, func_name = spec.partition(":")
+    func_name = func_name or "pipeline"
+    path = Path(path_text)
+    if not path.is_file():
+        raise ConfigError(
+            f"pipeline file {path} not found (give a path such as pipelines/tiny_cpu.py)"
+        )
+    if path.suffix != ".py":
+        raise ConfigError(f"pipeline file {path} must be a Python file (.py)")
+    module_name = f"opdflow_pipeline_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"pipeline file {path} cannot be imported")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ConfigError(
+            f"pipeline file {path} raised {type(exc).__name__} at import: {exc} "
+            "(a pipeline file must only define functions; run it with python to see the traceback)"
+        ) from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        funcs = sorted(
+            n
+            for n, v in vars(module).items()
+            if isinstance(v, types.FunctionType) and not n.startswith("_")
+        )
+        raise ConfigError(
+            f"pipeline file {path} has no function {func_name!r}"
+            + (f"; its functions: {', '.join(funcs)} (pick one with {path}:NAME)" if funcs else "")
+        )
+    try:
+        cfg = func()
+    except ConfigError as exc:
+        raise ConfigError(f"{path}:{func_name}: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(f"{path}:{func_name}() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(cfg, PipelineConfig):
+        raise ConfigError(
+            f"{path}:{func_name}() returned {type(cfg).__name__}, expected opdflow.config.PipelineConfig"
+        )
+    try:
+        return apply_overrides(cfg, list(overrides or []))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}:{func_name}: {exc}") from exc
+
+
+def pipeline_functions(path: str | Path) -> list[str]:
+    """Names of the public functions of a pipeline file that return a PipelineConfig (for tests/CLI)."""
+    text = Path(path).read_text()
+    import ast
+
+    tree = ast.parse(text)
+    return [
+        n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
+    ]

@@ -1,0 +1,116 @@
+"""Prompt sets from parquet: the tiny task's files and real ones with the same code.
+
+Accepted schemas: a `prompt` string column, or a `prompt` column of chat-message lists
+({role, content}, DAPO-Math-17k's schema) rendered with the tokenizer's chat template.
+Reference answers come from an `answer` column or DAPO's `reward_model.ground_truth`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opdflow.config import ConfigError
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Tokenised prompts of one file, in file order."""
+
+    path: str
+    texts: list[str]
+    answers: list[str | None]
+    token_ids: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _render(value: Any, tokenizer, path: Path, row: int) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | np.ndarray) and all(
+        isinstance(m, dict) and "content" in m for m in value
+    ):
+        messages = [{"role": m.get("role", "user"), "content": m["content"]} for m in value]
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        return "\n".join(m["content"] for m in messages)
+    raise ConfigError(
+        f"{path}: row {row} of column 'prompt' is {type(value).__name__}; expected a string "
+        "or a list of {role, content} chat messages"
+    )
+
+
+def _answer(row: dict[str, Any]) -> str | None:
+    if row.get("answer") is not None:
+        return str(row["answer"])
+    rm = row.get("reward_model")
+    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
+        return str(rm["ground_truth"])
+    return None
+
+
+def load_prompts(
+    path: str | Path, tokenizer, max_prompt_tokens: int = 512, limit: int | None = None
+) -> PromptSet:
+    """Read and tokenise a prompt parquet file; errors name the file, the column and the fix."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"prompt file {path} not found (data.train / data.heldout: a parquet path or 'tiny')"
+        )
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ConfigError(f"prompt file {path} is not a readable parquet file: {exc}") from exc
+    if "prompt" not in table.column_names:
+        raise ConfigError(
+            f"prompt file {path} has no 'prompt' column (columns: {', '.join(table.column_names) or 'none'}); "
+            "write prompts as a string column 'prompt' or a chat-message list column 'prompt'"
+        )
+    if table.num_rows == 0:
+        raise ConfigError(f"prompt file {path} has no rows")
+    if limit is not None:
+        table = table.slice(0, limit)
+    rows = table.to_pylist()
+    texts = [_render(r["prompt"], tokenizer, path, i) for i, r in enumerate(rows)]
+    answers = [_answer(r) for r in rows]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    for i, row_ids in enumerate(ids):
+        if not row_ids:
+            raise ConfigError(f"{path}: row {i} has an empty prompt")
+        if len(row_ids) > max_prompt_tokens:
+            raise ConfigError(
+                f"{path}: row {i} has {len(row_ids)} prompt tokens > data.max_prompt_tokens={max_prompt_tokens}; "
+                "raise data.max_prompt_tokens or drop the row"
+            )
+    return PromptSet(str(path), texts, answers, [list(r) for r in ids])
+
+
+class PromptSampler:
+    """Deterministic prompts per step: a seeded permutation walked in step order (epochs reshuffle)."""
+
+    def __init__(self, size: int, per_step: int, seed: int):
+        if per_step > size:
+            raise ConfigError(
+                f"data.prompts_per_step={per_step} exceeds the {size} training prompts"
+            )
+        self.size, self.per_step, self.seed = size, per_step, seed
+
+    def rows_for(self, step: int) -> list[int]:
+        start = step * self.per_step
+        out = []
+        for j in range(start, start + self.per_step):
+            epoch, pos = divmod(j, self.size)
+            perm = np.random.default_rng((self.seed, epoch)).permutation(self.size)
+            out.append(int(perm[pos]))
+        return out

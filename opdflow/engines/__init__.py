@@ -1,0 +1,1 @@
+"""Rollout engines: TorchEngine (embedded default) and VLLMEngine (GPUs), one interface."""

@@ -1,0 +1,46 @@
+"""What every rollout engine offers the generator stage: load a version, sample a batch.
+
+Engines return token ids and the log-probability of each sampled token under the
+distribution actually sampled from (after temperature and top-p), so the rescorer can
+measure the engine's mismatch on exactly the tokens it produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opdflow.rollout import RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 8
+    return_logdist: bool = False
+    """Also return the full next-token log-distribution (small vocabularies only)."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chunk of a step's prompts for one engine replica."""
+
+    prompt_ids: list[list[int]]
+    prompt_index: list[int]
+    answers: list[str | None]
+    n: int
+    """Responses per prompt."""
+    seed: int
+    version: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+class Engine(Protocol):
+    version: int
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> RolloutBatch: ...

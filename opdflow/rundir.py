@@ -1,0 +1,78 @@
+"""The run directory: everything a run leaves behind, written so nothing is lost.
+
+config.json (resolved), metrics.parquet (one row per learner step), heldout.parquet
+(per-prompt held-out KL per evaluated version, for paired statistics), events.jsonl
+(decisions: staleness changes, dropped batches), summary.json. Tables are rewritten
+atomically (temporary file then rename) so a crash leaves the last complete copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from opdflow.config import ConfigError, PipelineConfig
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """A run's directory and its append-only records."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.metrics: list[dict[str, Any]] = []
+        self.heldout: list[dict[str, Any]] = []
+
+    @classmethod
+    def create(cls, cfg: PipelineConfig, path: str | Path | None = None) -> RunDir:
+        """A new run directory; refuses to reuse a non-empty one (resume it instead)."""
+        if path is None:
+            path = cfg.run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        p = Path(path)
+        if p.exists() and any(p.iterdir()):
+            raise ConfigError(
+                f"run directory {p} already exists and is not empty; choose another --run-dir "
+                "or continue it with --resume"
+            )
+        p.mkdir(parents=True, exist_ok=True)
+        run = cls(p)
+        run.write_json("config.json", cfg.to_dict())
+        return run
+
+    def write_json(self, name: str, data: Any) -> None:
+        _atomic_write_bytes(self.path / name, json.dumps(data, indent=2, default=str).encode())
+
+    def event(self, kind: str, **fields: Any) -> None:
+        with open(self.path / "events.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "event": kind, **fields}, default=str) + "\n")
+
+    def add_metrics(self, row: dict[str, Any]) -> None:
+        self.metrics.append(row)
+        _write_table(self.path / "metrics.parquet", self.metrics)
+
+    def add_heldout(self, rows: list[dict[str, Any]]) -> None:
+        self.heldout.extend(rows)
+        _write_table(self.path / "heldout.parquet", self.heldout)
+
+
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()

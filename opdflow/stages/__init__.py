@@ -1,0 +1,56 @@
+"""Pipeline stages as Ray actors: generator pool, rescorer, teacher scorer, learner, evaluator.
+
+Each actor pins its torch threads at start so stages sharing a few cores do not fight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from opdflow.config import StageResources
+
+
+def actor_options(
+    res: StageResources, name: str | None = None, max_restarts: int = 0
+) -> dict[str, Any]:
+    """Ray actor options for a stage from its configured resources."""
+    opts: dict[str, Any] = {
+        "num_cpus": res.num_cpus,
+        "num_gpus": res.num_gpus,
+        "max_restarts": max_restarts,
+    }
+    if res.resources:
+        opts["resources"] = dict(res.resources)
+    if name:
+        opts["name"] = name
+    return opts
+
+
+def pin_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # already set in this process
+        torch.set_num_interop_threads(1)
+
+
+class VersionedModel:
+    """Mixin: a model that loads weights versions from the object store only when they change."""
+
+    model: Any
+    version: int = 0
+
+    def _ensure_version(self, version: int, weights_box: list) -> None:
+        if version == self.version:
+            return
+        import ray
+
+        from opdflow.weights import unpack
+
+        packed = ray.get(weights_box[0])
+        self._load(unpack(packed), version)
+
+    def _load(self, state: dict, version: int) -> None:
+        self.model.load_state_dict(state, strict=True)
+        self.version = version

@@ -1,0 +1,208 @@
+"""Stages: builds every actor of a run from its config and holds what the controller uses.
+
+Kept apart from the controller so the dataflow there stays one screen: here are the
+details of models, prompts, Ray resources, the staleness policy and held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from opdflow.config import PipelineConfig, StageResources
+from opdflow.data import PromptSampler, PromptSet, load_prompts
+from opdflow.engines.base import GenerationRequest, SamplingParams
+from opdflow.models import resolve_models
+from opdflow.raycluster import connect
+from opdflow.rundir import RunDir
+from opdflow.stages import actor_options
+from opdflow.staleness import FixedStaleness, StalenessPolicy
+from opdflow.weights import WeightStore
+
+
+def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
+    if cfg.staleness.policy == "adaptive":
+        from opdflow.scheduler import AdaptiveStaleness
+
+        return AdaptiveStaleness.from_config(cfg.staleness)
+    return FixedStaleness(cfg.staleness.k)
+
+
+def _actor(cls: type, res: StageResources, *args: Any) -> Any:
+    return ray.remote(cls).options(**actor_options(res)).remote(*args)
+
+
+@dataclass
+class Stages:
+    """Every actor and helper one run uses."""
+
+    cfg: PipelineConfig
+    pool: Any
+    rescorer: Any
+    teacher: Any
+    learner: Any
+    evaluator: Any
+    train_set: PromptSet
+    heldout_set: PromptSet
+    sampler: PromptSampler
+    sampling: SamplingParams
+    policy: StalenessPolicy
+    store: WeightStore = field(default_factory=WeightStore)
+    evals: dict[int, Any] = field(default_factory=dict)
+    started_ray: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def start(cls, cfg: PipelineConfig, log=print) -> Stages:
+        from opdflow.stages.evaluator import Evaluator
+        from opdflow.stages.generator import GeneratorPool, GeneratorWorker
+        from opdflow.stages.learner import Learner
+        from opdflow.stages.rescorer import Rescorer
+        from opdflow.stages.teacher import TeacherScorer
+        from opdflow.tokenizer import load_tokenizer
+
+        paths = resolve_models(cfg, log=log)
+        tok = load_tokenizer(paths.tokenizer)
+        train_set = load_prompts(paths.train, tok, cfg.data.max_prompt_tokens)
+        heldout_set = load_prompts(
+            paths.heldout, tok, cfg.data.max_prompt_tokens, limit=cfg.eval.prompts
+        )
+        if len(heldout_set) < cfg.eval.prompts:
+            from opdflow.config import ConfigError
+
+            raise ConfigError(
+                f"eval.prompts = {cfg.eval.prompts} but {paths.heldout} has only {len(heldout_set)} rows"
+            )
+        r = cfg.resources
+        needed = r.generator.num_cpus * cfg.engine.replicas + sum(
+            s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator)
+        )
+        started = connect(needed)
+        e = cfg.engine
+        workers = [
+            _actor(
+                GeneratorWorker,
+                r.generator,
+                paths.student,
+                tok.pad_token_id,
+                tok.eos_token_id,
+                e.kind,
+                e.recipe,
+                r.generator.torch_threads,
+            )
+            for _ in range(e.replicas)
+        ]
+        st = cls(
+            cfg=cfg,
+            pool=GeneratorPool(workers),
+            rescorer=_actor(
+                Rescorer, r.rescorer, paths.student, r.rescorer.torch_threads, e.temperature
+            ),
+            teacher=_actor(TeacherScorer, r.teacher, paths.teacher, r.teacher.torch_threads),
+            learner=_actor(
+                Learner,
+                r.learner,
+                paths.student,
+                r.learner.torch_threads,
+                cfg.train.__dict__,
+                cfg.seed,
+            ),
+            evaluator=_actor(
+                Evaluator,
+                r.evaluator,
+                paths.student,
+                paths.teacher,
+                paths.tokenizer,
+                r.evaluator.torch_threads,
+            ),
+            train_set=train_set,
+            heldout_set=heldout_set,
+            sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
+            sampling=SamplingParams(
+                e.temperature, e.top_p, e.max_new_tokens, len(tok) <= e.exact_kl_max_vocab
+            ),
+            policy=make_policy(cfg),
+            started_ray=started,
+        )
+        st.store.publish(0, ray.get(st.learner.publish.remote())[0])
+        return st
+
+    def requests(self, step: int, attempt: int, version: int) -> list[GenerationRequest]:
+        """The step's prompts split across replicas (same prompts on every attempt)."""
+        rows = self.sampler.rows_for(step)
+        parts = min(len(self.pool), len(rows))
+        return [
+            GenerationRequest(
+                [self.train_set.token_ids[j] for j in rows[i::parts]],
+                rows[i::parts],
+                [self.train_set.answers[j] for j in rows[i::parts]],
+                self.cfg.data.responses_per_prompt,
+                seed=(self.cfg.seed * 1_000_003 + step * 1009 + attempt * 7919 + i) & 0x7FFFFFFF,
+                version=version,
+                params=self.sampling,
+            )
+            for i in range(parts)
+        ]
+
+    def evaluate(self, version: int) -> None:
+        """Launch held-out evaluation of a published version (collected later)."""
+        c = self.cfg.eval
+        self.evals[version] = self.evaluator.heldout.remote(
+            version,
+            [self.store.get(version)],
+            self.heldout_set.token_ids,
+            self.heldout_set.answers,
+            c.samples_per_prompt,
+            self.cfg.engine.max_new_tokens,
+            c.seed,
+        )
+
+    def collect_evals(self, run: RunDir, wait: bool) -> dict[str, Any]:
+        """Record finished evaluations; returns the newest one's numbers for the metrics row."""
+        latest: dict[str, Any] = {
+            "heldout_version": -1,
+            "heldout_kl": float("nan"),
+            "heldout_accuracy": float("nan"),
+        }
+        refs = list(self.evals.values())
+        if not refs:
+            return latest
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
+        for version in sorted(v for v, ref in self.evals.items() if ref in ready):
+            res = ray.get(self.evals.pop(version))
+            run.add_heldout(
+                [
+                    {
+                        "version": version,
+                        "prompt_index": i,
+                        "kl_sum": ks,
+                        "tokens": t,
+                        "kl": ks / max(t, 1),
+                        "accuracy": a,
+                    }
+                    for i, (ks, t, a) in enumerate(
+                        zip(res["kl_sum_P"], res["tokens_P"], res["accuracy_P"])
+                    )
+                ]
+            )
+            latest = {
+                "heldout_version": version,
+                "heldout_kl": res["kl"],
+                "heldout_accuracy": res["accuracy"],
+            }
+        return latest
+
+    def shutdown(self) -> None:
+        for actor in [
+            *self.pool.workers,
+            self.rescorer,
+            self.teacher,
+            self.learner,
+            self.evaluator,
+        ]:
+            ray.kill(actor)
+        if self.started_ray:
+            ray.shutdown()

@@ -1,0 +1,81 @@
+"""The held-out evaluator: the standard BF16 engine samples from the current student on
+a fixed prompt set; exact KL(p_student || p_teacher) over the vocabulary, per prompt.
+
+Responses always come from the standard engine, never the run's own recipe, so runs
+with different rollout engines are compared on equal footing (the paper's metric).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from opdflow.engines.base import GenerationRequest, SamplingParams
+from opdflow.engines.torch_engine import TorchEngine
+from opdflow.mismatch import exact_kl_per_token
+from opdflow.scoring import token_logprobs
+from opdflow.stages import pin_threads
+from opdflow.task import is_correct
+
+
+class Evaluator:
+    """Standard BF16 student engine plus the teacher (a Ray actor)."""
+
+    def __init__(self, student_path: str, teacher_path: str, tokenizer_path: str, threads: int):
+        from opdflow.models import load_model
+        from opdflow.tokenizer import load_tokenizer
+
+        pin_threads(threads)
+        self.tok = load_tokenizer(tokenizer_path)
+        self.engine = TorchEngine(
+            student_path, self.tok.pad_token_id, self.tok.eos_token_id, "bf16"
+        )
+        self.teacher = load_model(teacher_path, "bfloat16")
+
+    @torch.no_grad()
+    def heldout(
+        self,
+        version: int,
+        weights_box: list,
+        prompt_ids: list[list[int]],
+        answers: list,
+        n: int,
+        max_new_tokens: int,
+        seed: int,
+    ) -> dict:
+        if version != self.engine.version:
+            import ray
+
+            from opdflow.weights import unpack
+
+            self.engine.load_weights(unpack(ray.get(weights_box[0])), version)
+        req = GenerationRequest(
+            prompt_ids,
+            list(range(len(prompt_ids))),
+            answers,
+            n,
+            seed,
+            version,
+            SamplingParams(1.0, 1.0, max_new_tokens, return_logdist=True),
+        )
+        batch = self.engine.generate(req)
+        _, teacher_logdist = token_logprobs(self.teacher, batch, want_logdist=True)
+        kl_B_T = exact_kl_per_token(batch.logdist_engine_B_T_V, teacher_logdist.numpy())
+        mask = batch.response_mask_B_T
+        kl_sum_B = (kl_B_T * mask).sum(1)
+        tok_B = mask.sum(1)
+        texts = batch.response_texts(
+            lambda ids: self.tok.decode([i for i in ids if i != self.tok.eos_token_id])
+        )
+        correct_B = np.array([is_correct(t, a) for t, a in zip(texts, batch.answers)], dtype=float)
+        P = len(prompt_ids)
+        kl_sum_P = kl_sum_B.reshape(P, n).sum(1)
+        tok_P = tok_B.reshape(P, n).sum(1)
+        return {
+            "version": version,
+            "kl": float(kl_sum_P.sum() / max(tok_P.sum(), 1)),
+            "accuracy": float(correct_B.mean()),
+            "kl_sum_P": kl_sum_P.tolist(),
+            "tokens_P": tok_P.tolist(),
+            "accuracy_P": correct_B.reshape(P, n).mean(1).tolist(),
+        }

@@ -1,0 +1,115 @@
+"""The learner: AdamW on the student with the OPD loss; publishes each new version.
+
+It keeps FP32 master weights, trains step n on a batch from version v <= n, and
+ray.put()s the BF16 weights of version n+1 as one flat buffer (see weights.py). It also
+measures staleness mismatch d_stale = mean(logp_rescore - logp_learner) before updating.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import ray
+import torch
+
+from opdflow.losses import LossOptions, opd_loss
+from opdflow.mismatch import MismatchStats, engine_mismatch
+from opdflow.rollout import RolloutBatch
+from opdflow.scoring import token_logprobs
+from opdflow.stages import pin_threads
+from opdflow.weights import pack
+
+
+class Learner:
+    """The trained student (a Ray actor)."""
+
+    def __init__(self, model_path: str, threads: int, train: dict[str, Any], seed: int):
+        from opdflow.models import load_model
+
+        pin_threads(threads)
+        torch.manual_seed(seed)
+        self.model = load_model(model_path, "float32").train()
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=train["lr"],
+            weight_decay=train["weight_decay"],
+            betas=(0.9, 0.999),
+        )
+        self.train_cfg = train
+        self.options = LossOptions(
+            train["advantage_from"], train["is_clip"], train["center_advantage"]
+        )
+        self.version = 0
+        self.trained_steps: list[
+            tuple[int, int]
+        ] = []  # (step, batch version): the learner's own record
+        self.bad_steps = 0
+
+    def publish(self) -> list:
+        """ray.put the current weights in BF16; returned boxed so the driver holds the ref."""
+        t0 = time.perf_counter()
+        state = {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+        ref = ray.put(pack(state, self.version))
+        return [ref, time.perf_counter() - t0]
+
+    def train_step(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
+        if step != self.version:
+            raise RuntimeError(
+                f"learner is at version {self.version} but was asked to train step {step}"
+            )
+        t0 = time.perf_counter()
+        mask = torch.tensor(batch.response_mask_B_T)
+        logp_learner, _ = token_logprobs(self.model, batch)
+        logp_teacher = torch.tensor(batch.logp_teacher_B_T)
+        logp_engine = torch.tensor(batch.logp_engine_B_T)
+        loss, stats = opd_loss(logp_learner, logp_teacher, mask, logp_engine, self.options)
+        lp = logp_learner.detach().numpy()
+        d_stale = MismatchStats.of(batch.logp_rescore_B_T, lp, batch.response_mask_B_T)
+        d_total = MismatchStats.of(batch.logp_engine_B_T, lp, batch.response_mask_B_T)
+        d_engine = engine_mismatch(batch)
+        skipped = not math.isfinite(stats["loss"])
+        grad_norm = float("nan")
+        if skipped:
+            self.bad_steps += 1
+        else:
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            clip = self.train_cfg["grad_clip"]
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), clip if clip > 0 else float("inf")
+                )
+            )
+            self.opt.step()
+        self.version = step + 1
+        self.trained_steps.append((step, batch.version))
+        train_s = time.perf_counter() - t0
+        weights = self.publish()
+        return {
+            **stats,
+            "grad_norm": grad_norm,
+            "skipped": skipped,
+            "bad_steps": self.bad_steps,
+            "responses": batch.num_responses,
+            "tokens": d_engine.tokens,
+            "d_engine_k1": d_engine.k1,
+            "d_engine_k3": d_engine.k3,
+            "d_engine_exact": d_engine.exact,
+            "d_stale_k1": d_stale.k1,
+            "d_stale_k3": d_stale.k3,
+            "d_total_k1": d_total.k1,
+            "d_total_k3": d_total.k3,
+            "train_s": train_s,
+            "gen_s": batch.gen_seconds,
+            "tokens_per_s": d_engine.tokens / batch.gen_seconds
+            if batch.gen_seconds
+            else float("nan"),
+            "publish_s": weights[1],
+            "weights": weights[:1],
+            "weights_bytes": int(sum(p.numel() for p in self.model.parameters()) * 2),
+        }
+
+    def record(self) -> list[tuple[int, int]]:
+        return list(self.trained_steps)

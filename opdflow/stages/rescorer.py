@@ -1,0 +1,40 @@
+"""The rescorer: the BF16 student at the generator's version v scores the engine's tokens.
+
+logp_rescore - logp_engine on the very tokens the engine produced is the engine's own
+mismatch (d_engine), free of staleness; with full distributions it is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opdflow.mismatch import exact_kl_per_token
+from opdflow.rollout import RolloutBatch, concat
+from opdflow.scoring import token_logprobs
+from opdflow.stages import VersionedModel, pin_threads
+
+
+class Rescorer(VersionedModel):
+    """BF16 student (a Ray actor) that follows the weights versions it is asked for."""
+
+    def __init__(self, model_path: str, threads: int, temperature: float = 1.0):
+        from opdflow.models import load_model
+
+        pin_threads(threads)
+        self.model = load_model(model_path, "bfloat16")
+        self.temperature = temperature
+        self.version = 0
+
+    @torch.no_grad()
+    def rescore(self, version: int, weights_box: list, *batches: RolloutBatch) -> RolloutBatch:
+        self._ensure_version(version, weights_box)
+        batch = concat(list(batches))
+        want = batch.logdist_engine_B_T_V is not None
+        logp, logdist = token_logprobs(self.model, batch, self.temperature, want_logdist=want)
+        kl = None
+        if want:
+            kl = exact_kl_per_token(batch.logdist_engine_B_T_V, logdist.numpy())
+            kl = (kl * batch.response_mask_B_T).astype("float32")
+        return batch.replace(
+            logp_rescore_B_T=logp.numpy(), kl_engine_exact_B_T=kl, logdist_engine_B_T_V=None
+        )

@@ -1,0 +1,24 @@
+"""The teacher scorer: a prefill that returns log p_T of the student's sampled tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from opdflow.rollout import RolloutBatch
+from opdflow.scoring import token_logprobs
+from opdflow.stages import pin_threads
+
+
+class TeacherScorer:
+    """The fixed teacher in BF16 (a Ray actor)."""
+
+    def __init__(self, model_path: str, threads: int):
+        from opdflow.models import load_model
+
+        pin_threads(threads)
+        self.model = load_model(model_path, "bfloat16")
+
+    @torch.no_grad()
+    def score(self, batch: RolloutBatch) -> RolloutBatch:
+        logp, _ = token_logprobs(self.model, batch)
+        return batch.replace(logp_teacher_B_T=logp.numpy())

@@ -1,0 +1,60 @@
+"""The synthetic task: zero-padded addition written as text, with checkable answers.
+
+"Q:123+045=" -> "168". Small enough for a 3-layer model to learn in minutes on a CPU,
+hard enough that an early checkpoint is a clearly weaker student than a late one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+ALPHABET = "0123456789+=Q:"
+
+
+def make_problems(n: int, digits: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+    """n random problems: prompts "Q:aaa+bbb=" and answers (the sum, no padding)."""
+    hi = 10**digits
+    a = rng.integers(0, hi, size=n)
+    b = rng.integers(0, hi, size=n)
+    prompts = [f"Q:{x:0{digits}d}+{y:0{digits}d}=" for x, y in zip(a, b)]
+    answers = [str(int(x) + int(y)) for x, y in zip(a, b)]
+    return prompts, answers
+
+
+def split_problems(
+    num_train: int, num_heldout: int, digits: int, seed: int
+) -> tuple[tuple[list[str], list[str]], tuple[list[str], list[str]]]:
+    """Disjoint train and held-out problem sets, deterministic in the seed."""
+    rng = np.random.default_rng(seed)
+    prompts, answers = make_problems(2 * (num_train + num_heldout), digits, rng)
+    seen: set[str] = set()
+    rows = []
+    for p, a in zip(prompts, answers):
+        if p not in seen:
+            seen.add(p)
+            rows.append((p, a))
+    if len(rows) < num_train + num_heldout:
+        raise ValueError(
+            f"only {len(rows)} distinct {digits}-digit problems; lower num_train/num_heldout"
+        )
+    held = rows[:num_heldout]
+    train = rows[num_heldout : num_heldout + num_train]
+    return ([p for p, _ in train], [a for _, a in train]), (
+        [p for p, _ in held],
+        [a for _, a in held],
+    )
+
+
+def write_parquet(path: Path, prompts: list[str], answers: list[str]) -> None:
+    """Write a prompt file in opdflow's plain schema: `prompt` and `answer` string columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": prompts, "answer": answers}), path)
+
+
+def is_correct(response: str, answer: str | None) -> bool:
+    """Exact match of the response (whitespace stripped) with the reference answer."""
+    return answer is not None and response.strip() == str(answer).strip()

@@ -1,0 +1,233 @@
+"""The embedded tiny teacher and student: built from transformers configs, trained, cached.
+
+No weights are downloaded. One supervised run on the arithmetic task yields both models:
+an early checkpoint is the student and a late one the teacher (like the paper's base
+student and its RL-improved teacher). Everything is keyed by a hash of the recipe, so a
+changed recipe rebuilds and an unchanged one loads in milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from opdflow.config import TaskSpec, TinyModelSpec
+
+ZOO_FORMAT = 2  # bump when the build procedure changes
+
+
+@dataclass(frozen=True)
+class TinyArtifacts:
+    """Paths of one cached build."""
+
+    root: Path
+    tokenizer: Path
+    student: Path
+    teacher: Path
+    train: Path
+    heldout: Path
+    info: dict
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    return Path(cache_dir or os.environ.get("OPDFLOW_CACHE") or Path.home() / ".cache" / "opdflow")
+
+
+def recipe_key(model: TinyModelSpec, task: TaskSpec) -> str:
+    blob = json.dumps(
+        {
+            "model": dataclasses.asdict(model),
+            "task": dataclasses.asdict(task),
+            "format": ZOO_FORMAT,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def model_config(spec: TinyModelSpec, vocab_size: int, pad_id: int, eos_id: int):
+    """A transformers config for the tiny model (Qwen2 with q/k/v bias, or Llama)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=256,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+        tie_word_embeddings=False,
+    )
+    if spec.arch == "llama":
+        return LlamaConfig(**common, head_dim=spec.hidden_size // spec.num_heads)
+    return Qwen2Config(**common)
+
+
+def _encode(tok, prompts: list[str], answers: list[str]):
+    """Right-padded prompt+answer+EOS ids and a loss mask on answer and EOS tokens."""
+    import torch
+
+    rows, masks = [], []
+    for p, a in zip(prompts, answers):
+        p_ids = tok(p, add_special_tokens=False)["input_ids"]
+        a_ids = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows.append(p_ids + a_ids)
+        masks.append([0] * len(p_ids) + [1] * len(a_ids))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, : len(r)] = torch.tensor(r)
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
+    return ids, loss_mask
+
+
+def greedy_accuracy(model, tok, prompts: list[str], answers: list[str], max_new: int = 6) -> float:
+    """Exact-match accuracy of greedy answers (a quick build-time check)."""
+    import torch
+
+    from opdflow.task import is_correct
+
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, attn = enc["input_ids"], enc["attention_mask"]
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    out = []
+    with torch.no_grad():
+        for _ in range(max_new):
+            pos = (attn.cumsum(-1) - 1).clamp_min(0)
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -1]
+            nxt = logits.argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
+            out.append(nxt)
+            done |= nxt == tok.eos_token_id
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            attn = torch.cat([attn, (~done | (nxt == tok.eos_token_id)).long()[:, None]], 1)
+    gen = torch.stack(out, 1)
+    texts = [
+        tok.decode([t for t in row.tolist() if t not in (tok.pad_token_id, tok.eos_token_id)])
+        for row in gen
+    ]
+    return sum(is_correct(t, a) for t, a in zip(texts, answers)) / len(answers)
+
+
+def _train(spec: TinyModelSpec, tok, prompts, answers, held, tmp: Path, log) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)
+    cfg = model_config(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if spec.key_bias_layer0:
+        if spec.arch != "qwen2":
+            raise ValueError("key_bias_layer0 needs the qwen2 architecture (it has a k_proj bias)")
+        with torch.no_grad():
+            model.model.layers[0].self_attn.k_proj.bias.add_(spec.key_bias_layer0)
+    ids, loss_mask = _encode(tok, prompts, answers)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(spec.seed)
+    info: dict = {}
+    t0 = time.perf_counter()
+    for step in range(1, spec.teacher_steps + 1):
+        idx = torch.randint(0, ids.shape[0], (spec.batch_size,), generator=gen)
+        x, m = ids[idx], loss_mask[idx]
+        logits = model(input_ids=x).logits[:, :-1]
+        target, tmask = x[:, 1:], m[:, 1:]
+        warm = min(1.0, step / 50)
+        decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / spec.teacher_steps))
+        lr_scale = warm * decay
+        for g in opt.param_groups:
+            g["lr"] = spec.lr * lr_scale
+        loss = torch.nn.functional.cross_entropy(logits[tmask], target[tmask])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0:
+            log(f"tiny models: step {step}/{spec.teacher_steps} loss {loss.item():.3f}")
+        if "student" not in info and step % 25 == 0:
+            model.eval()
+            acc = greedy_accuracy(model, tok, *held)
+            model.train()
+            if acc >= spec.student_accuracy:
+                model.save_pretrained(tmp / "student", safe_serialization=True)
+                info["student"] = {"step": step, "heldout_accuracy": acc}
+                log(f"tiny models: student = step {step}, held-out greedy accuracy {acc:.1%}")
+    if "student" not in info:
+        raise RuntimeError(
+            f"tiny models: no checkpoint reached student_accuracy={spec.student_accuracy} in "
+            f"{spec.teacher_steps} steps; raise models.tiny.teacher_steps or lower student_accuracy"
+        )
+    model.eval()
+    acc = greedy_accuracy(model, tok, *held)
+    model.save_pretrained(tmp / "teacher", safe_serialization=True)
+    info["teacher"] = {"step": spec.teacher_steps, "heldout_accuracy": acc}
+    log(f"tiny models: teacher = step {spec.teacher_steps}, held-out greedy accuracy {acc:.1%}")
+    info["train_seconds"] = time.perf_counter() - t0
+    return info
+
+
+def ensure_tiny(
+    model_spec: TinyModelSpec, task_spec: TaskSpec, cache_dir: str | None = None, log=print
+) -> TinyArtifacts:
+    """Return the cached tiny build for this recipe, building it (a few minutes) if absent."""
+    root = cache_root(cache_dir) / f"tiny-{recipe_key(model_spec, task_spec)}"
+    if not (root / "build.json").is_file():
+        _build(model_spec, task_spec, root, log)
+    info = json.loads((root / "build.json").read_text())
+    return TinyArtifacts(
+        root,
+        root / "tokenizer",
+        root / "student",
+        root / "teacher",
+        root / "train.parquet",
+        root / "heldout.parquet",
+        info,
+    )
+
+
+def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
+    import torch
+
+    from opdflow.task import ALPHABET, split_problems, write_parquet
+    from opdflow.tokenizer import build_char_tokenizer
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    try:
+        t0 = time.perf_counter()
+        log(f"tiny models: building {root.name} (cached in {root.parent})")
+        tok = build_char_tokenizer(ALPHABET, tmp / "tokenizer")
+        train, held = split_problems(
+            task_spec.num_train, task_spec.num_heldout, task_spec.digits, model_spec.seed
+        )
+        write_parquet(tmp / "train.parquet", *train)
+        write_parquet(tmp / "heldout.parquet", *held)
+        info = _train(model_spec, tok, *train, held, tmp, log)
+        info["build_seconds"] = time.perf_counter() - t0
+        info["model"] = dataclasses.asdict(model_spec)
+        info["task"] = dataclasses.asdict(task_spec)
+        (tmp / "build.json").write_text(json.dumps(info, indent=2))
+        try:
+            tmp.rename(root)  # atomic: a concurrent builder that finished first wins
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log(f"tiny models: built in {info['build_seconds']:.0f} s")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,40 @@
+"""Every shipped pipeline file: each function loads and validates, and runs tiny."""
+
+from pathlib import Path
+
+import pytest
+
+from opdflow.config import load_pipeline, pipeline_functions
+
+PIPELINES = sorted(Path(__file__).resolve().parents[2].joinpath("pipelines").glob("*.py"))
+SPECS = [f"{p}:{name}" for p in PIPELINES for name in pipeline_functions(p)]
+
+
+def test_pipelines_exist():
+    assert PIPELINES, "no pipeline files found"
+    assert any(s.endswith("tiny_cpu.py:pipeline") for s in SPECS)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s).name)
+def test_pipeline_loads_and_validates(spec):
+    cfg = load_pipeline(spec)
+    assert cfg.train.steps > 0
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s).name)
+def test_pipeline_runs_tiny(spec, tmp_path, tiny):
+    import ray
+
+    from opdflow.controller import run_pipeline
+    from opdflow.raycluster import connect
+    from opdflow.rundir import RunDir, read_table
+
+    cfg = load_pipeline(spec, ["train.steps=3", "eval.every=3", "eval.prompts=8"])
+    connect()
+    try:
+        run = RunDir.create(cfg, tmp_path / "run")
+        summary = run_pipeline(cfg, run)
+    finally:
+        ray.shutdown()
+    assert summary["steps"] == 3
+    assert len(read_table(run.path / "metrics.parquet")) == 3

@@ -1,0 +1,103 @@
+import pytest
+
+from opdflow.config import ConfigError, PipelineConfig, apply_overrides, load_pipeline
+
+
+def test_defaults_validate_and_round_trip_through_a_dict():
+    cfg = PipelineConfig().validate()
+    again = PipelineConfig.from_dict(cfg.to_dict())
+    assert again == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("staleness.k=-1", r"staleness\.k = -1 .*>= 0"),
+        ("data.responses_per_prompt=0", r"data\.responses_per_prompt = 0 .*> 0"),
+        ("train.lr=0", r"train\.lr = 0\.0 .*> 0"),
+        ("train.lr=-1e-4", r"train\.lr"),
+        ("train.loss=ppo", r"train\.loss = 'ppo'.*'opd'"),
+        ("staleness.policy=adaptve", r"did you mean 'adaptive'"),
+        ("engine.top_p=1.5", r"engine\.top_p = 1\.5"),
+        ("train.steps=ten", r"train\.steps = 'ten'.*int"),
+        ("models.tiny.hidden_size=64", r"head size >= 32"),
+    ],
+)
+def test_bad_values_name_the_field_the_value_and_what_is_allowed(override, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(PipelineConfig(), [override])
+
+
+def test_unknown_field_suggests_the_nearest_name():
+    with pytest.raises(
+        ConfigError, match=r"unknown config field 'train\.learning_rat'.*|did you mean"
+    ):
+        apply_overrides(PipelineConfig(), ["train.learning_rat=1"])
+    with pytest.raises(ConfigError, match=r"did you mean 'steps'"):
+        apply_overrides(PipelineConfig(), ["train.step=3"])
+    with pytest.raises(ConfigError, match=r"unknown config field 'trian'.*did you mean 'train'"):
+        apply_overrides(PipelineConfig(), ["trian.steps=3"])
+
+
+def test_overrides_coerce_types():
+    cfg = apply_overrides(
+        PipelineConfig(),
+        [
+            "train.lr=3e-4",
+            "staleness.k=4",
+            "train.center_advantage=true",
+            "run_dir=none",
+            'resources.generator.resources={"rollout": 1}',
+        ],
+    )
+    assert cfg.train.lr == 3e-4
+    assert cfg.staleness.k == 4
+    assert cfg.train.center_advantage is True
+    assert cfg.run_dir is None
+    assert cfg.resources.generator.resources == {"rollout": 1}
+
+
+def test_from_dict_rejects_unknown_fields_and_wrong_types():
+    with pytest.raises(
+        ConfigError, match=r"unknown config field 'engine\.recipie'.*did you mean 'recipe'"
+    ):
+        PipelineConfig.from_dict({"engine": {"recipie": "fp8"}})
+    with pytest.raises(ConfigError, match=r"engine\.replicas = '2'"):
+        PipelineConfig.from_dict({"engine": {"replicas": "2"}})
+
+
+def _write(tmp_path, text, name="p.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_pipeline_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_pipeline(str(tmp_path / "missing.py"))
+    with pytest.raises(ConfigError, match="must be a Python file"):
+        load_pipeline(_write(tmp_path, "x", "p.yaml"))
+    with pytest.raises(ConfigError, match=r"has no function 'pipeline'.*its functions: other"):
+        load_pipeline(_write(tmp_path, "def other():\n    pass\n"))
+    with pytest.raises(ConfigError, match="raised ZeroDivisionError at import"):
+        load_pipeline(_write(tmp_path, "1/0\n"))
+    with pytest.raises(
+        ConfigError, match=r"returned dict, expected opdflow\.config\.PipelineConfig"
+    ):
+        load_pipeline(_write(tmp_path, "def pipeline():\n    return {}\n"))
+    with pytest.raises(ConfigError, match=r"pipeline\(\) raised KeyError"):
+        load_pipeline(_write(tmp_path, "def pipeline():\n    return {}['x']\n"))
+
+
+def test_pipeline_variant_and_overrides(tmp_path):
+    path = _write(
+        tmp_path,
+        "from opdflow.config import PipelineConfig\n"
+        "def pipeline():\n    return PipelineConfig(name='a')\n"
+        "def fast():\n    c = pipeline()\n    c.train.steps = 3\n    return c\n",
+    )
+    assert load_pipeline(path).name == "a"
+    assert load_pipeline(f"{path}:fast").train.steps == 3
+    assert load_pipeline(f"{path}:fast", ["train.steps=5"]).train.steps == 5
+    with pytest.raises(ConfigError, match=r"p\.py:pipeline: staleness\.k"):
+        load_pipeline(path, ["staleness.k=-2"])
