@@ -52,6 +52,9 @@ class TinyModelSpec:
     """Supervised batch size, in examples."""
     lr: float = 3e-3
     """Supervised AdamW peak learning rate (warm-up, then cosine decay to 10%)."""
+    label_smoothing: float = 0.1
+    """Supervised label smoothing: keeps the teacher's log-probabilities of wrong tokens finite
+    (about log(0.1 / vocab)) like a real LLM's, instead of -20 nats, so OPD advantages stay sane."""
     key_bias_layer0: float = 0.0
     """Planted sensitivity: add this constant to layer 0's key-projection bias (0 = none)."""
     seed: int = 0
@@ -67,6 +70,8 @@ class TinyModelSpec:
             _fail(f"{path}.student_accuracy", self.student_accuracy, "a share in (0, 1)")
         _positive(f"{path}.batch_size", self.batch_size)
         _positive(f"{path}.lr", self.lr)
+        if not 0.0 <= self.label_smoothing < 1.0:
+            _fail(f"{path}.label_smoothing", self.label_smoothing, "a share in [0, 1)")
         if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
             _fail(
                 f"{path}.hidden_size",

@@ -9,6 +9,7 @@ changed recipe rebuilds and an unchanged one loads in milliseconds.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -149,7 +150,9 @@ def _train(spec: TinyModelSpec, tok, prompts, answers, held, tmp: Path, log) -> 
         lr_scale = warm * decay
         for g in opt.param_groups:
             g["lr"] = spec.lr * lr_scale
-        loss = torch.nn.functional.cross_entropy(logits[tmask], target[tmask])
+        loss = torch.nn.functional.cross_entropy(
+            logits[tmask], target[tmask], label_smoothing=spec.label_smoothing
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -184,7 +187,11 @@ def ensure_tiny(
     """Return the cached tiny build for this recipe, building it (a few minutes) if absent."""
     root = cache_root(cache_dir) / f"tiny-{recipe_key(model_spec, task_spec)}"
     if not (root / "build.json").is_file():
-        _build(model_spec, task_spec, root, log)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with open(root.parent / f"{root.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build of the same recipe: wait for it
+            if not (root / "build.json").is_file():
+                _build(model_spec, task_spec, root, log)
     info = json.loads((root / "build.json").read_text())
     return TinyArtifacts(
         root,
