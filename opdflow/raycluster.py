@@ -32,6 +32,7 @@ def connect(num_cpus: float | None = None) -> bool:
         return False
     cpus = max(float(os.cpu_count() or 1), num_cpus or 0.0)
     ray.init(
+        address="local",  # never attach to another cluster found on this machine
         num_cpus=int(cpus + 0.999),
         _node_ip_address="127.0.0.1",
         include_dashboard=False,
