@@ -78,3 +78,7 @@ def run(
     if resume and run_dir:
         raise click.UsageError("give either --run-dir (a new run) or --resume (an existing one)")
     run_with_progress(cfg, run_dir, resume)
+
+
+if __name__ == "__main__":
+    main()
