@@ -30,6 +30,7 @@ from opdflow.config import PipelineConfig
 from opdflow.rundir import RunDir
 from opdflow.stages.assembly import Stages
 from opdflow.staleness import StepObservation, launch_version, within_bound
+from opdflow.trackers import open_trackers
 
 
 @dataclass
@@ -43,6 +44,7 @@ def run_pipeline(
     cfg: PipelineConfig, run: RunDir, on_step: Callable[[dict], None] = lambda r: None
 ) -> dict:
     """Train cfg.train.steps learner steps; returns the run summary."""
+    trackers = open_trackers(cfg, run)  # metrics.parquet + cfg.log.sinks; params logged once
     st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
     policy, store = st.policy, st.store
     steps = cfg.train.steps
@@ -115,11 +117,12 @@ def run_pipeline(
             "live_weight_versions": len(store.live_versions()),
             **st.collect_evals(run, wait=False),
         }
-        run.add_metrics(row)
+        trackers.log_metrics(step, row)
         on_step(row)
     st.collect_evals(run, wait=True)
     summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
     run.write_json("summary.json", summary)
+    trackers.close()
     st.shutdown()
     return summary
 
