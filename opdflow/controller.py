@@ -42,6 +42,7 @@ from opdflow.supervisor import (
     diagnose,
     stop_on_signals,
 )
+from opdflow.trackers import open_trackers
 
 
 @dataclass
@@ -63,8 +64,10 @@ def run_pipeline(
     on_start: Callable[[Stages], None] = lambda st: None,
 ) -> dict:
     """Train cfg.train.steps learner steps (from `resume` if given); returns the run summary."""
-    st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
+    trackers = open_trackers(cfg, run)  # metrics.parquet + cfg.log.sinks; params logged once
+    st: Stages | None = None
     try:
+        st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
         on_start(st)
         policy, store, rel = st.policy, st.store, cfg.reliability
         steps, first = cfg.train.steps, st.restore(resume, run)
@@ -155,7 +158,7 @@ def run_pipeline(
                     "live_weight_versions": len(store.live_versions()),
                     **st.collect_evals(run, wait=False),
                 }
-                run.add_metrics(row)
+                trackers.log_metrics(step, row)
                 on_step(row)
                 every = rel.checkpoint_every
                 if stop.requested or (every and (step + 1) % every == 0 and step + 1 < steps):
@@ -171,9 +174,10 @@ def run_pipeline(
         summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
         run.write_json("summary.json", summary)
         return summary
-
     finally:
-        st.shutdown()
+        trackers.close()
+        if st is not None:
+            st.shutdown()
 
 
 def summarize(run: RunDir, record: list, dropped: int) -> dict:
