@@ -132,7 +132,40 @@ class Stages:
             policy=make_policy(cfg),
             started_ray=started,
         )
+        st.await_started(cfg.reliability.stage_timeout_s)
         return st
+
+    def actors(self) -> dict[str, Any]:
+        """Every actor by stage name."""
+        named = {f"generator[{i}]": w for i, w in enumerate(self.pool.workers)}
+        named.update(
+            rescorer=self.rescorer,
+            teacher=self.teacher,
+            learner=self.learner,
+            evaluator=self.evaluator,
+        )
+        return named
+
+    def await_started(self, timeout_s: float) -> None:
+        """Wait until every actor runs; actors Ray cannot place become an error, not a hang."""
+        named = self.actors()
+        refs = {name: actor.pid.remote() for name, actor in named.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        missing = [name for name, ref in refs.items() if ref not in ready]
+        if missing:
+            self.shutdown()
+            r = self.cfg.resources
+            asked = {n: getattr(r, n.split("[")[0]) for n in missing}
+            raise StageFailed(
+                "startup",
+                f"{', '.join(missing)} not running after {timeout_s:.0f} s; they request "
+                + "; ".join(
+                    f"{n}: {a.num_cpus} CPU, {a.num_gpus} GPU, {a.resources or 'no custom'}"
+                    for n, a in asked.items()
+                )
+                + f"; the cluster has {ray.cluster_resources()}",
+                "lower resources.* / engine.replicas or add nodes",
+            )
 
     def restore(self, resume: Checkpoint | None, run: RunDir) -> int:
         """Publish the learner's starting version (from a checkpoint if given); returns its step."""
@@ -224,13 +257,8 @@ class Stages:
         return latest
 
     def shutdown(self) -> None:
-        for actor in [
-            *self.pool.workers,
-            self.rescorer,
-            self.teacher,
-            self.learner,
-            self.evaluator,
-        ]:
+        for actor in self.actors().values():
             ray.kill(actor)
         if self.started_ray:
+            self.started_ray = False
             ray.shutdown()

@@ -8,6 +8,6 @@ def ray_local():
 
     from opdflow.raycluster import connect
 
-    connect()
+    connect(num_cpus=4)  # logical CPUs: tests run up to 2 generators + learner at 1 CPU each
     yield ray
     ray.shutdown()
