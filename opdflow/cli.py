@@ -67,3 +67,10 @@ def run(pipeline: str, overrides: tuple[str, ...], steps: int | None, run_dir: s
     from opdflow.console import run_with_progress
 
     run_with_progress(cfg, run_dir)
+
+
+from opdflow.commands import quality as _quality  # noqa: E402
+
+main.add_command(_quality.compare)
+main.add_command(_quality.admit)
+main.add_command(_quality.calibrate)
