@@ -8,10 +8,12 @@ interval over prompts. ADMIT iff alpha * D_hat <= L, else REJECT. L is a calibra
 L = 0.41 is used and the output says so.
 
 Full-run time estimate (so the saving is visible): train.steps x responses per step x
-seconds per response. Seconds per response come from the budget file when calibration
-recorded them (median learner-step wall time of the standard run / responses per step:
-every stage, as the pipeline ran); otherwise from the admission measurement itself
-(generation + rescoring only, so a lower bound, marked ">=").
+seconds per response, excluding actor start-up. Seconds per response are measured stage
+speeds: the median learner-step wall time / responses per step of a finished run (the
+`--against` run, else the standard run recorded in the budget file: every stage, as the
+pipeline ran); without either, the admission check's own seconds per response
+(generation + rescoring, engine start-up included, teacher and learner not: rough,
+marked "~").
 
 Drift (`drift_report`): D measured online in a run's metrics (d_engine_k1 and d_total_k1,
 token-pooled per window of steps) over the admission estimate; a ratio above alpha means
@@ -94,7 +96,8 @@ class Decision:
     seconds: float
     tokens: int
     full_run_s: float
-    full_run_is_lower_bound: bool
+    full_run_is_rough: bool
+    """True when estimated from the check itself, not from a finished run's step times."""
 
     @property
     def decision(self) -> str:
@@ -111,23 +114,28 @@ def admits(d_hat: float, line: float, alpha: float = ALPHA) -> bool:
     return bool(alpha * d_hat <= line)
 
 
-def full_run_seconds(cfg: Any, m: Any, budget: Budget) -> tuple[float, bool]:
-    """Estimated wall time of the pipeline's full run; True when it is a lower bound."""
+def full_run_seconds(cfg: Any, m: Any, step_s_per_response: float | None) -> tuple[float, bool]:
+    """Estimated wall time of the pipeline's full run; True when it is rough (see above)."""
     responses_per_step = cfg.data.prompts_per_step * cfg.data.responses_per_prompt
-    if budget.step_s_per_response:
-        per_response, lower = float(budget.step_s_per_response), False
+    if step_s_per_response:
+        per_response, rough = float(step_s_per_response), False
     else:
         per_response = m.seconds / max(m.prompts * m.responses_per_prompt, 1)
-        lower = True
-    return cfg.train.steps * responses_per_step * per_response, lower
+        rough = True
+    return cfg.train.steps * responses_per_step * per_response, rough
 
 
-def decide(cfg: Any, m: Any, budget: Budget, alpha: float = ALPHA) -> Decision:
-    """Turn one `Measurement` into a decision (pure; m needs the Measurement fields)."""
+def decide(
+    cfg: Any, m: Any, budget: Budget, alpha: float = ALPHA, step_s_per_response: float | None = None
+) -> Decision:
+    """Turn one `Measurement` into a decision (pure; m needs the Measurement fields).
+
+    step_s_per_response: measured stage speed for the full-run estimate (default: the
+    budget file's)."""
     if not alpha > 0:
         raise ConfigError(f"--alpha {alpha} is not allowed: expected a number > 0, e.g. 1.5")
     boundary = budget.line / alpha
-    full_s, lower = full_run_seconds(cfg, m, budget)
+    full_s, rough = full_run_seconds(cfg, m, step_s_per_response or budget.step_s_per_response)
     return Decision(
         recipe=m.recipe,
         d_hat=m.d_k1,
@@ -140,7 +148,7 @@ def decide(cfg: Any, m: Any, budget: Budget, alpha: float = ALPHA) -> Decision:
         seconds=m.seconds,
         tokens=m.tokens,
         full_run_s=full_s,
-        full_run_is_lower_bound=lower,
+        full_run_is_rough=rough,
     )
 
 

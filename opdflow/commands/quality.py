@@ -101,7 +101,16 @@ def compare(
 # ---------------------------------------------------------------- admit
 
 
-def _admit_table(decisions, budget, alpha: float, cfg) -> None:
+def _quiet() -> None:
+    import os
+
+    from opdflow.raycluster import QUIET_ENV
+
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> None:
     from rich.table import Table
 
     t = Table(title=f"admission check: {cfg.name} (L = {budget.line:.4g}, alpha = {alpha:g})")
@@ -119,7 +128,7 @@ def _admit_table(decisions, budget, alpha: float, cfg) -> None:
             f"[bold {color}]{d.decision}[/]" + (" (borderline)" if d.borderline else ""),
             str(d.tokens),
             _dur(d.seconds),
-            ("≥ " if d.full_run_is_lower_bound else "") + _dur(d.full_run_s),
+            ("~ " if d.full_run_is_rough else "") + _dur(d.full_run_s),
         )
     c = _console()
     c.print(t)
@@ -131,15 +140,12 @@ def _admit_table(decisions, budget, alpha: float, cfg) -> None:
         "CI: bootstrap over prompts. borderline: the CI straddles the boundary."
     )
     total = sum(d.seconds for d in decisions)
-    full = decisions[0].full_run_s if decisions else math.nan
-    how = "steps x responses/step x seconds/response, " + (
-        "seconds/response from the calibrated standard run's median step time (all stages)"
-        if budget.step_s_per_response
-        else "seconds/response from this check (generation + rescoring only: a lower bound)"
-    )
+    fulls = sorted(d.full_run_s for d in decisions)
+    span = _dur(fulls[0]) if fulls[0] == fulls[-1] else f"{_dur(fulls[0])} to {_dur(fulls[-1])}"
     c.print(
         f"checking {len(decisions)} candidate(s) took {_dur(total)}; one full run of "
-        f"{cfg.train.steps} steps takes about {_dur(full)} ({how})."
+        f"{cfg.train.steps} steps takes about {span} (train.steps x responses/step x "
+        f"seconds/response, without actor start-up; seconds/response {speed_source})."
     )
 
 
@@ -215,9 +221,29 @@ def admit(
     from opdflow.config import load_pipeline
     from opdflow.measure import measure_recipes
 
+    _quiet()
     cfg = load_pipeline(pipeline, list(overrides))
     budget = load_budget(budget_file, line)
     err = Console(stderr=True)
+    run = speed = None
+    speed_source = "from this check (generation + rescoring, engine start-up included): rough"
+    if budget.step_s_per_response:
+        speed = budget.step_s_per_response
+        speed_source = "from the median step time of the budget file's standard run"
+    if against:
+        from opdflow.calibration import step_cost
+        from opdflow.quality import load_run
+
+        run = load_run(against)
+        if run.recipe not in recipes and len(recipes) > 1:
+            raise click.UsageError(
+                f"--against {against}: its recipe {run.recipe!r} is not among the candidates "
+                f"{list(recipes)}; add --recipe '{run.recipe}'"
+            )
+        data = run.config["data"]
+        n = data["prompts_per_step"] * data["responses_per_prompt"]
+        speed = step_cost(run.metrics, n) or speed
+        speed_source = f"from the median step time of {against}"
     decisions = []
     for i, recipe in enumerate(recipes, 1):
         with err.status(
@@ -226,29 +252,20 @@ def admit(
             (m,) = measure_recipes(
                 cfg, [recipe], num_prompts=prompts, responses_per_prompt=responses, seed=seed
             )
-        d = decide(cfg, m, budget, alpha)
+        d = decide(cfg, m, budget, alpha, speed)
         decisions.append(d)
         err.print(
             f"[{i}/{len(recipes)}] {recipe}: D_hat {d.d_hat:.4g} [{d.ci_low:.4g}, {d.ci_high:.4g}] "
             f"-> {d.decision} ({_dur(d.seconds)})"
         )
     drift = None
-    if against:
-        from opdflow.quality import load_run
-
-        run = load_run(against)
-        match = [d for d in decisions if d.recipe == run.recipe] or (
-            decisions if len(decisions) == 1 else []
-        )
-        if not match:
-            raise click.UsageError(
-                f"--against {against}: its recipe {run.recipe!r} is not among the candidates "
-                f"{list(recipes)}; add --recipe '{run.recipe}'"
-            )
-        drift = (match[0], drift_report(run.metrics, match[0].d_hat, alpha), run)
+    if run is not None:
+        match = next((d for d in decisions if d.recipe == run.recipe), decisions[0])
+        drift = (match, drift_report(run.metrics, match.d_hat, alpha), run)
     if as_json:
         out = {
             "budget": {"line_nats": budget.line, "source": budget.source, "alpha": alpha},
+            "full_run_speed": speed_source,
             "decisions": [d.to_dict() for d in decisions],
         }
         if drift:
@@ -257,7 +274,7 @@ def admit(
             out["drift"] = {"run": str(drift[2].path), "windows": [asdict(w) for w in drift[1]]}
         click.echo(json.dumps(out, indent=2))
     else:
-        _admit_table(decisions, budget, alpha, cfg)
+        _admit_table(decisions, budget, alpha, cfg, speed_source)
         if drift:
             _drift_table(drift[1], drift[0].d_hat, alpha, str(drift[2].path), drift[0].recipe)
     sys.exit(0 if all(d.admit for d in decisions) else 1)

@@ -46,15 +46,17 @@ def test_decisions_and_full_run_estimate():
     budget = load_budget(line=0.3)
     ok = decide(cfg, _m("bf16", 0.001, 0.0005, 0.002), budget)
     assert ok.admit and not ok.borderline and ok.decision == "ADMIT"
-    # no calibrated step cost: generation + rescoring per response from the check (lower bound)
-    assert ok.full_run_is_lower_bound and ok.full_run_s == pytest.approx(40 * 64 * 4.0 / 32)
+    # no measured step cost: generation + rescoring per response from the check (rough)
+    assert ok.full_run_is_rough and ok.full_run_s == pytest.approx(40 * 64 * 4.0 / 32)
     bad = decide(cfg, _m("noise(1.0)", 0.6, 0.5, 0.7), budget)
     assert not bad.admit and bad.decision == "REJECT"
     edge = decide(cfg, _m("fp8", 0.19, 0.15, 0.25), budget)  # boundary 0.2 inside the CI
     assert edge.admit and edge.borderline
     calibrated = decide(cfg, _m("bf16", 0.001, 0, 0.002), Budget(0.3, "test", 0.05))
-    assert not calibrated.full_run_is_lower_bound
+    assert not calibrated.full_run_is_rough
     assert calibrated.full_run_s == pytest.approx(40 * 64 * 0.05)
+    against = decide(cfg, _m("bf16", 0.001, 0, 0.002), Budget(0.3, "test", 0.05), 1.5, 0.01)
+    assert against.full_run_s == pytest.approx(40 * 64 * 0.01)  # a finished run's speed wins
 
 
 def test_drift_ratio_flags_engines_past_the_margin():
