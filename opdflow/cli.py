@@ -58,7 +58,16 @@ def validate(pipeline: str, overrides: tuple[str, ...]) -> None:
 @click.option(
     "--run-dir", type=click.Path(), default=None, help="Run directory (default runs/NAME-TIME)."
 )
-def run(pipeline: str, overrides: tuple[str, ...], steps: int | None, run_dir: str | None) -> None:
+@click.option(
+    "--resume", type=click.Path(), default=None, help="Continue RUN_DIR from its last checkpoint."
+)
+def run(
+    pipeline: str,
+    overrides: tuple[str, ...],
+    steps: int | None,
+    run_dir: str | None,
+    resume: str | None,
+) -> None:
     """Run PIPELINE: on-policy distillation on an embedded local Ray cluster or RAY_ADDRESS."""
     from opdflow.config import load_pipeline
 
@@ -66,7 +75,9 @@ def run(pipeline: str, overrides: tuple[str, ...], steps: int | None, run_dir: s
     cfg = load_pipeline(pipeline, extra)
     from opdflow.console import run_with_progress
 
-    run_with_progress(cfg, run_dir)
+    if resume and run_dir:
+        raise click.UsageError("give either --run-dir (a new run) or --resume (an existing one)")
+    run_with_progress(cfg, run_dir, resume)
 
 
 from opdflow.commands import quality as _quality  # noqa: E402

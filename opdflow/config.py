@@ -247,7 +247,7 @@ class EvalConfig:
 
     every: int = 10
     """Evaluate at step 0, every this many steps, and at the end."""
-    prompts: int = 32
+    prompts: int = 64
     """Held-out prompts used (the first ones of the held-out set, fixed across runs)."""
     samples_per_prompt: int = 4
     """Responses per held-out prompt."""
@@ -258,6 +258,27 @@ class EvalConfig:
         _positive(f"{path}.every", self.every)
         _positive(f"{path}.prompts", self.prompts)
         _positive(f"{path}.samples_per_prompt", self.samples_per_prompt)
+
+
+@dataclass
+class ReliabilityConfig:
+    """Faults survived, checkpoints written."""
+
+    checkpoint_every: int = 10
+    """Write a checkpoint every this many learner steps (and on a clean stop); 0 = only on stop."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
+    stage_timeout_s: float = 300.0
+    """A batch not ready this many seconds after the trainer starts waiting for it: the stage
+    holding it is treated as dead (its actor is killed and restarted, its work re-issued)."""
+    max_restarts: int = 3
+    """Restarts allowed per generator/rescorer/teacher/evaluator actor before the run stops."""
+
+    def validate(self, path: str) -> None:
+        _nonnegative(f"{path}.checkpoint_every", self.checkpoint_every)
+        _positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
+        _positive(f"{path}.stage_timeout_s", self.stage_timeout_s)
+        _nonnegative(f"{path}.max_restarts", self.max_restarts)
 
 
 @dataclass
@@ -329,6 +350,8 @@ class PipelineConfig:
     """Held-out KL."""
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     """Ray resources per stage."""
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    """Fault handling and checkpoints."""
 
     def validate(self) -> PipelineConfig:
         if (

@@ -13,7 +13,9 @@ Generation for step s is launched as soon as version s - k exists, with the fres
 version; batches flow stage to stage as ObjectRefs without touching the driver. The
 driver waits only for the batch of the step it trains next: that wait is trainer wait.
 A batch whose version broke the bound (k lowered after launch) is dropped and
-regenerated, and counted. Stage construction lives in `Stages`; this module fits a screen.
+regenerated, and counted. Dead stage actors are restarted by Ray and their work re-run;
+a stuck one is killed after a deadline (supervisor.py). Checkpoints every N steps and on
+SIGINT/SIGTERM make a run resumable. Stage construction lives in `Stages`.
 """
 
 from __future__ import annotations
@@ -25,35 +27,56 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
+from opdflow.checkpoint import Checkpoint
 from opdflow.config import PipelineConfig
 from opdflow.rundir import RunDir
 from opdflow.stages.assembly import Stages
 from opdflow.staleness import StepObservation, launch_version, within_bound
+from opdflow.supervisor import (
+    Link,
+    StageFailed,
+    StopRequested,
+    await_links,
+    diagnose,
+    stop_on_signals,
+)
 
 
 @dataclass
 class Pending:
     version: int
-    ref: Any
+    links: list[Link]
     attempt: int = 0
+
+    @property
+    def ref(self) -> Any:
+        return self.links[-1].ref
 
 
 def run_pipeline(
-    cfg: PipelineConfig, run: RunDir, on_step: Callable[[dict], None] = lambda r: None
+    cfg: PipelineConfig,
+    run: RunDir,
+    on_step: Callable[[dict], None] = lambda r: None,
+    resume: Checkpoint | None = None,
+    on_start: Callable[[Stages], None] = lambda st: None,
 ) -> dict:
-    """Train cfg.train.steps learner steps; returns the run summary."""
+    """Train cfg.train.steps learner steps (from `resume` if given); returns the run summary."""
     st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
-    policy, store = st.policy, st.store
-    steps = cfg.train.steps
+    on_start(st)
+    policy, store, rel = st.policy, st.store, cfg.reliability
+    steps, first = cfg.train.steps, st.restore(resume, run)
     pending: dict[int, Pending] = {}
-    dropped, next_launch = 0, 0
+    dropped, next_launch = (resume.state["dropped"] if resume else 0), first
 
     def launch(step: int, attempt: int = 0) -> None:
         v = store.latest
-        gen_refs = st.pool.submit(st.requests(step, attempt, v), store.get(v))
-        rescored = st.rescorer.rescore.remote(v, [store.get(v)], *gen_refs)
-        pending[step] = Pending(v, st.teacher.score.remote(rescored), attempt)
+        gen = st.pool.submit(st.requests(step, attempt, v), store.get(v))
+        rescored = st.rescorer.rescore.remote(v, [store.get(v)], *[link.ref for link in gen])
+        scored = st.teacher.score.remote(rescored)
+        links = [*gen, Link("rescorer", st.rescorer, rescored), Link("teacher", st.teacher, scored)]
+        pending[step] = Pending(v, links, attempt)
 
     def launch_ready() -> None:
         nonlocal next_launch
@@ -63,61 +86,83 @@ def run_pipeline(
             launch(next_launch)
             next_launch += 1
 
-    st.evaluate(0)
+    if first == 0:
+        st.evaluate(0)
     launch_ready()
     t_prev_end = t_start = time.perf_counter()
+    warm = first + cfg.warmup_steps
     t_warm = t_start if cfg.warmup_steps == 0 else None
-    for step in range(steps):
-        while True:  # trainer wait: until this step's batch is scored and within the bound
-            job = pending.pop(step)
-            t_wait = time.perf_counter()
-            ray.wait([job.ref])
-            wait_s = time.perf_counter() - t_wait
-            if within_bound(step, job.version, policy.k):
-                break
-            dropped += 1
-            run.event("dropped", step=step, version=job.version, k=policy.k)
-            launch(step, job.attempt + 1)
-        out = ray.get(st.learner.train_step.remote(step, job.ref))
-        store.publish(step + 1, out.pop("weights")[0])
-        t_end = time.perf_counter()
-        step_s, t_prev_end = t_end - t_prev_end, t_end
-        if step + 1 == cfg.warmup_steps:
-            t_warm = t_end
-        timed = step + 1 - cfg.warmup_steps
-        uph = 3600 * timed / (t_end - t_warm) if t_warm is not None and timed > 0 else float("nan")
-        staleness = step - job.version
-        decision = policy.observe(
-            StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
-        )
-        if decision is not None:
-            run.event("staleness", **dataclasses.asdict(decision))
-        if out["bad_steps"] > cfg.train.max_bad_steps:
-            raise RuntimeError(
-                f"learner: {out['bad_steps']} steps had a non-finite loss (train.max_bad_steps="
-                f"{cfg.train.max_bad_steps}); lower train.lr or check the models"
+    with stop_on_signals() as stop:
+        for step in range(first, steps):
+            while True:  # trainer wait: until this step's batch is scored and within the bound
+                job = pending.pop(step)
+                wait_s = await_links(
+                    job.links, rel.stage_timeout_s, lambda s: run.event("timeout", stage=s)
+                )
+                if within_bound(step, job.version, policy.k):
+                    break
+                dropped += 1
+                run.event("dropped", step=step, version=job.version, k=policy.k)
+                launch(step, job.attempt + 1)
+            try:
+                out = ray.get(st.learner.train_step.remote(step, job.ref))
+            except RayError as exc:
+                raise diagnose(job.links, exc) from exc
+            store.publish(step + 1, out.pop("weights")[0])
+            t_end = time.perf_counter()
+            step_s, t_prev_end = t_end - t_prev_end, t_end
+            if step + 1 == warm:
+                t_warm = t_end
+            uph = (
+                3600 * (step + 1 - warm) / (t_end - t_warm)
+                if t_warm and step + 1 > warm
+                else float("nan")
             )
-        launch_ready()
-        store.release_below(min([p.version for p in pending.values()] + [store.latest]))
-        if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
-            st.evaluate(step + 1)
-        row = {
-            "step": step,
-            "version": job.version,
-            "staleness": staleness,
-            "k": policy.k,
-            **out,
-            "trainer_wait_s": wait_s,
-            "step_s": step_s,
-            "updates_per_hour": uph,
-            "dropped": dropped,
-            "time_s": t_end - t_start,
-            "live_weight_versions": len(store.live_versions()),
-            **st.collect_evals(run, wait=False),
-        }
-        run.add_metrics(row)
-        on_step(row)
+            staleness = step - job.version
+            decision = policy.observe(
+                StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
+            )
+            if decision is not None:
+                run.event("staleness", **dataclasses.asdict(decision))
+            if out["bad_steps"] > cfg.train.max_bad_steps:
+                raise StageFailed(
+                    "learner",
+                    f"{out['bad_steps']} steps had a non-finite loss (train.max_bad_steps="
+                    f"{cfg.train.max_bad_steps})",
+                    "lower train.lr or check the models",
+                )
+            launch_ready()
+            store.release_below(min([p.version for p in pending.values()] + [store.latest]))
+            if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
+                st.evaluate(step + 1)
+            row = {
+                "step": step,
+                "version": job.version,
+                "staleness": staleness,
+                "k": policy.k,
+                **out,
+                "trainer_wait_s": wait_s,
+                "step_s": step_s,
+                "updates_per_hour": uph,
+                "dropped": dropped,
+                "time_s": t_end - t_start,
+                "live_weight_versions": len(store.live_versions()),
+                **st.collect_evals(run, wait=False),
+            }
+            run.add_metrics(row)
+            on_step(row)
+            every = rel.checkpoint_every
+            if stop.requested or (every and (step + 1) % every == 0 and step + 1 < steps):
+                st.collect_evals(run, wait=True)
+                st.checkpoint(run, step + 1, {"dropped": dropped})
+                if stop.requested:
+                    st.shutdown()
+                    raise StopRequested(
+                        f"stopped after step {step} (checkpoint written); resume with "
+                        f"--resume {run.path}"
+                    )
     st.collect_evals(run, wait=True)
+    st.checkpoint(run, steps, {"dropped": dropped})
     summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
     run.write_json("summary.json", summary)
     st.shutdown()

@@ -56,6 +56,31 @@ class RunDir:
         run.write_json("config.json", cfg.to_dict())
         return run
 
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        """An existing run directory with its records, to resume it."""
+        p = Path(path)
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"--resume {p}: not a run directory (no config.json in it)")
+        run = cls(p)
+        if (p / "metrics.parquet").is_file():
+            run.metrics = read_table(p / "metrics.parquet")
+        if (p / "heldout.parquet").is_file():
+            run.heldout = read_table(p / "heldout.parquet")
+        return run
+
+    def config(self) -> dict[str, Any]:
+        return json.loads((self.path / "config.json").read_text())
+
+    def truncate(self, step: int) -> None:
+        """Forget records past a checkpoint at `step` (they are recomputed on resume)."""
+        self.metrics = [r for r in self.metrics if r["step"] < step]
+        self.heldout = [r for r in self.heldout if r["version"] <= step]
+        _write_table(self.path / "metrics.parquet", self.metrics)
+        if self.heldout:
+            _write_table(self.path / "heldout.parquet", self.heldout)
+        self.event("resume", step=step)
+
     def write_json(self, name: str, data: Any) -> None:
         _atomic_write_bytes(self.path / name, json.dumps(data, indent=2, default=str).encode())
 

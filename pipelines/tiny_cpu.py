@@ -5,14 +5,15 @@
 Variants are more functions: `opdflow run pipelines/tiny_cpu.py:synchronous`.
 """
 
-from opdflow.config import PipelineConfig, StalenessConfig, TrainConfig
+from opdflow.config import EvalConfig, PipelineConfig, StalenessConfig, TrainConfig
 
 
 def pipeline() -> PipelineConfig:
-    """bf16 rollout engine, weights up to 2 versions stale, 40 learner steps."""
+    """bf16 rollout engine, weights up to 2 versions stale, 60 learner steps."""
     return PipelineConfig(
         name="tiny-cpu",
-        train=TrainConfig(steps=40, lr=1e-4),
+        train=TrainConfig(steps=60, lr=1e-4),
+        eval=EvalConfig(every=20, prompts=64),
         staleness=StalenessConfig(policy="fixed", k=2),
     )
 

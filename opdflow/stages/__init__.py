@@ -6,6 +6,7 @@ Each actor pins its torch threads at start so stages sharing a few cores do not 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 from opdflow.config import StageResources
@@ -19,6 +20,8 @@ def actor_options(
         "num_cpus": res.num_cpus,
         "num_gpus": res.num_gpus,
         "max_restarts": max_restarts,
+        # a restarted actor re-runs the calls it held, with the same arguments
+        "max_task_retries": -1 if max_restarts else 0,
     }
     if res.resources:
         opts["resources"] = dict(res.resources)
@@ -35,7 +38,15 @@ def pin_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
 
 
-class VersionedModel:
+class StageActor:
+    """Mixin of every stage actor."""
+
+    def pid(self) -> int:
+        """The actor's process id (fault-injection tests kill it)."""
+        return os.getpid()
+
+
+class VersionedModel(StageActor):
     """Mixin: a model that loads weights versions from the object store only when they change."""
 
     model: Any

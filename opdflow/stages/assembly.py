@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
+from opdflow import checkpoint
+from opdflow.checkpoint import Checkpoint
 from opdflow.config import PipelineConfig, StageResources
 from opdflow.data import PromptSampler, PromptSet, load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
@@ -20,6 +23,7 @@ from opdflow.raycluster import connect
 from opdflow.rundir import RunDir
 from opdflow.stages import actor_options
 from opdflow.staleness import FixedStaleness, StalenessPolicy
+from opdflow.supervisor import StageFailed
 from opdflow.weights import WeightStore
 
 
@@ -31,8 +35,8 @@ def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
     return FixedStaleness(cfg.staleness.k)
 
 
-def _actor(cls: type, res: StageResources, *args: Any) -> Any:
-    return ray.remote(cls).options(**actor_options(res)).remote(*args)
+def _actor(cls: type, res: StageResources, restarts: int, *args: Any) -> Any:
+    return ray.remote(cls).options(**actor_options(res, max_restarts=restarts)).remote(*args)
 
 
 @dataclass
@@ -81,30 +85,32 @@ class Stages:
             s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator)
         )
         started = connect(needed)
-        e = cfg.engine
+        e, restarts = cfg.engine, cfg.reliability.max_restarts
+        gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
         workers = [
-            _actor(
-                GeneratorWorker,
-                r.generator,
-                paths.student,
-                tok.pad_token_id,
-                tok.eos_token_id,
-                e.kind,
-                e.recipe,
-                r.generator.torch_threads,
-            )
+            _actor(GeneratorWorker, r.generator, restarts, *gen_args, r.generator.torch_threads)
             for _ in range(e.replicas)
         ]
+        exact = len(tok) <= e.exact_kl_max_vocab
         st = cls(
             cfg=cfg,
             pool=GeneratorPool(workers),
             rescorer=_actor(
-                Rescorer, r.rescorer, paths.student, r.rescorer.torch_threads, e.temperature
+                Rescorer,
+                r.rescorer,
+                restarts,
+                paths.student,
+                r.rescorer.torch_threads,
+                e.temperature,
             ),
-            teacher=_actor(TeacherScorer, r.teacher, paths.teacher, r.teacher.torch_threads),
+            teacher=_actor(
+                TeacherScorer, r.teacher, restarts, paths.teacher, r.teacher.torch_threads
+            ),
+            # the learner holds the run's state: never restarted (resume from a checkpoint)
             learner=_actor(
                 Learner,
                 r.learner,
+                0,
                 paths.student,
                 r.learner.torch_threads,
                 cfg.train.__dict__,
@@ -113,6 +119,7 @@ class Stages:
             evaluator=_actor(
                 Evaluator,
                 r.evaluator,
+                restarts,
                 paths.student,
                 paths.teacher,
                 paths.tokenizer,
@@ -121,14 +128,30 @@ class Stages:
             train_set=train_set,
             heldout_set=heldout_set,
             sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
-            sampling=SamplingParams(
-                e.temperature, e.top_p, e.max_new_tokens, len(tok) <= e.exact_kl_max_vocab
-            ),
+            sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg),
             started_ray=started,
         )
-        st.store.publish(0, ray.get(st.learner.publish.remote())[0])
         return st
+
+    def restore(self, resume: Checkpoint | None, run: RunDir) -> int:
+        """Publish the learner's starting version (from a checkpoint if given); returns its step."""
+        step = 0
+        if resume is not None:
+            ray.get(self.learner.load_checkpoint.remote(str(resume.path), resume.step))
+            self.policy.load_state(resume.state["policy"])
+            run.truncate(resume.step)
+            step = resume.step
+        self.store.publish(step, ray.get(self.learner.publish.remote())[0])
+        return step
+
+    def checkpoint(self, run: RunDir, step: int, extra: dict[str, Any]) -> None:
+        """Learner writes weights/optimizer/RNG into a staging dir; the driver commits it."""
+        staging = checkpoint.staging_dir(run.path, step)
+        ray.get(self.learner.save_checkpoint.remote(str(staging)))
+        state = {**extra, "policy": self.policy.state(), "metrics_rows": len(run.metrics)}
+        checkpoint.commit(run.path, staging, step, state, self.cfg.reliability.keep_checkpoints)
+        run.event("checkpoint", step=step)
 
     def requests(self, step: int, attempt: int, version: int) -> list[GenerationRequest]:
         """The step's prompts split across replicas (same prompts on every attempt)."""
@@ -172,7 +195,12 @@ class Stages:
             return latest
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
         for version in sorted(v for v, ref in self.evals.items() if ref in ready):
-            res = ray.get(self.evals.pop(version))
+            try:
+                res = ray.get(self.evals.pop(version))
+            except RayError as exc:
+                raise StageFailed(
+                    "evaluator", str(exc).splitlines()[-1], "raise reliability.max_restarts"
+                ) from exc
             run.add_heldout(
                 [
                     {

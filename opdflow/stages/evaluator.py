@@ -14,11 +14,11 @@ from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine
 from opdflow.mismatch import exact_kl_per_token
 from opdflow.scoring import token_logprobs
-from opdflow.stages import pin_threads
+from opdflow.stages import StageActor, pin_threads
 from opdflow.task import is_correct
 
 
-class Evaluator:
+class Evaluator(StageActor):
     """Standard BF16 student engine plus the teacher (a Ray actor)."""
 
     def __init__(self, student_path: str, teacher_path: str, tokenizer_path: str, threads: int):

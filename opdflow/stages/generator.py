@@ -12,10 +12,11 @@ import ray
 
 from opdflow.engines.base import GenerationRequest
 from opdflow.rollout import RolloutBatch
-from opdflow.stages import pin_threads
+from opdflow.stages import StageActor, pin_threads
+from opdflow.supervisor import Link
 
 
-class GeneratorWorker:
+class GeneratorWorker(StageActor):
     """One rollout engine replica (a Ray actor)."""
 
     def __init__(
@@ -34,9 +35,6 @@ class GeneratorWorker:
 
             self.engine.load_weights(unpack(ray.get(weights_box[0])), request.version)
         return self.engine.generate(request)
-
-    def ping(self) -> bool:
-        return True
 
 
 class GeneratorPool:
@@ -59,17 +57,17 @@ class GeneratorPool:
             counts[idx] += 1
         return counts
 
-    def submit(self, requests: list[GenerationRequest], weights_ref: Any) -> list[Any]:
-        """Launch each request on the least busy replica; returns the batches' ObjectRefs."""
+    def submit(self, requests: list[GenerationRequest], weights_ref: Any) -> list[Link]:
+        """Launch each request on the least busy replica; returns one Link per request."""
         counts = self._load()
-        refs = []
+        links = []
         for req in requests:
             idx = min(range(len(self.workers)), key=lambda i: counts[i])
             ref = self.workers[idx].generate.remote(req, [weights_ref])
             self._inflight[ref] = idx
             counts[idx] += 1
-            refs.append(ref)
-        return refs
+            links.append(Link(f"generator[{idx}]", self.workers[idx], ref))
+        return links
 
     def __len__(self) -> int:
         return len(self.workers)

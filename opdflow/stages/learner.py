@@ -7,6 +7,7 @@ measures staleness mismatch d_stale = mean(logp_rescore - logp_learner) before u
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -18,11 +19,11 @@ from opdflow.losses import LossOptions, opd_loss
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import token_logprobs
-from opdflow.stages import pin_threads
+from opdflow.stages import StageActor, pin_threads
 from opdflow.weights import pack
 
 
-class Learner:
+class Learner(StageActor):
     """The trained student (a Ray actor)."""
 
     def __init__(self, model_path: str, threads: int, train: dict[str, Any], seed: int):
@@ -113,3 +114,33 @@ class Learner:
 
     def record(self) -> list[tuple[int, int]]:
         return list(self.trained_steps)
+
+    def save_checkpoint(self, out_dir: str) -> None:
+        from pathlib import Path
+
+        from opdflow.checkpoint import save_learner
+
+        save_learner(self.model, self.opt, Path(out_dir))
+        (Path(out_dir) / "learner.json").write_text(
+            json.dumps(
+                {
+                    "version": self.version,
+                    "bad_steps": self.bad_steps,
+                    "trained_steps": self.trained_steps,
+                }
+            )
+        )
+
+    def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
+        from pathlib import Path
+
+        from opdflow.checkpoint import load_learner
+
+        load_learner(self.model, self.opt, Path(ckpt_dir))
+        meta = json.loads((Path(ckpt_dir) / "learner.json").read_text())
+        if meta["version"] != step:
+            raise RuntimeError(
+                f"checkpoint {ckpt_dir} holds version {meta['version']}, expected {step}"
+            )
+        self.version, self.bad_steps = step, meta["bad_steps"]
+        self.trained_steps = [tuple(x) for x in meta["trained_steps"]]

@@ -6,10 +6,10 @@ import torch
 
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import token_logprobs
-from opdflow.stages import pin_threads
+from opdflow.stages import StageActor, pin_threads
 
 
-class TeacherScorer:
+class TeacherScorer(StageActor):
     """The fixed teacher in BF16 (a Ray actor)."""
 
     def __init__(self, model_path: str, threads: int):

@@ -70,7 +70,7 @@ def test_run_directory_contents(runs):
         assert (run.path / name).is_file()
     heldout = read_table(run.path / "heldout.parquet")
     assert {r["version"] for r in heldout} == {0, 30}
-    assert len(heldout) == 2 * 32
+    assert len(heldout) == 2 * 64
     row = metrics[-1]
     for key in (
         "trainer_wait_s",

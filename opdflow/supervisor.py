@@ -1,0 +1,107 @@
+"""Supervision of stage actors: a dead or stuck stage becomes a restart or a clear error.
+
+Stateless stages (generators, rescorer, teacher, evaluator) run with Ray actor restarts
+and task retries, so a killed process is replaced and the work it held is re-issued by
+Ray with the same arguments (same request, same seed, same weights version). The driver
+adds what Ray cannot know: a deadline on the batch the trainer waits for (a stage that
+stops answering is killed and so restarted), and, when restarts run out, an error that
+names the stage and the cause instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+
+class StageFailed(RuntimeError):
+    """A stage died more often than allowed, or failed; the run stops with this."""
+
+    def __init__(self, stage: str, cause: str, hint: str = ""):
+        self.stage, self.cause = stage, cause
+        super().__init__(f"stage {stage} failed: {cause}" + (f"; {hint}" if hint else ""))
+
+
+class StopRequested(Exception):
+    """SIGINT/SIGTERM arrived: the run checkpointed at a step boundary and stopped."""
+
+
+@dataclass
+class Link:
+    """One stage's part of a step's batch: who computes it and the ref of its output."""
+
+    stage: str
+    actor: Any
+    ref: Any
+
+
+def first_unready(links: list[Link]) -> Link | None:
+    refs = [link.ref for link in links]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    ready_set = set(ready)
+    return next((link for link in links if link.ref not in ready_set), None)
+
+
+def await_links(links: list[Link], timeout_s: float, on_timeout) -> float:
+    """Wait for the last link; on each deadline kill the stuck stage's actor (Ray restarts
+    it and re-runs its tasks). Returns seconds waited."""
+    t0 = time.perf_counter()
+    while True:
+        ready, _ = ray.wait([links[-1].ref], timeout=timeout_s)
+        if ready:
+            return time.perf_counter() - t0
+        stuck = first_unready(links) or links[-1]
+        on_timeout(stuck.stage)
+        ray.kill(stuck.actor, no_restart=False)
+
+
+def diagnose(links: list[Link], error: BaseException) -> StageFailed:
+    """Which stage of a batch failed, and why (called only on the failure path)."""
+    for link in links:
+        try:
+            ray.get(link.ref, timeout=5)
+        except GetTimeoutError:
+            continue
+        except RayError as exc:
+            return StageFailed(
+                link.stage, _cause(exc), "raise reliability.max_restarts or fix the cause"
+            )
+    return StageFailed(
+        "learner", _cause(error), "resume the run from its last checkpoint with --resume RUN_DIR"
+    )
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:500]
+
+
+class _StopFlag:
+    requested = False
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[_StopFlag]:
+    """SIGINT/SIGTERM (Ctrl-C, `ray job stop`) set a flag instead of killing the loop mid-step."""
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag.requested = True
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
