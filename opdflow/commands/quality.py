@@ -101,6 +101,12 @@ def compare(
 # ---------------------------------------------------------------- admit
 
 
+def _canonical(recipe: str) -> str:
+    from opdflow.engines.recipes import parse_recipe
+
+    return parse_recipe(recipe).text
+
+
 def _quiet() -> None:
     import os
 
@@ -235,7 +241,7 @@ def admit(
         from opdflow.quality import load_run
 
         run = load_run(against)
-        if run.recipe not in recipes and len(recipes) > 1:
+        if _canonical(run.recipe) not in map(_canonical, recipes) and len(recipes) > 1:
             raise click.UsageError(
                 f"--against {against}: its recipe {run.recipe!r} is not among the candidates "
                 f"{list(recipes)}; add --recipe '{run.recipe}'"
@@ -244,23 +250,38 @@ def admit(
         n = data["prompts_per_step"] * data["responses_per_prompt"]
         speed = step_cost(run.metrics, n) or speed
         speed_source = f"from the median step time of {against}"
+    n = len(recipes)
+    head = f"{prompts} problems x {responses} responses"
+    with err.status(f"[1/{n}] loading the student, measuring {recipes[0]}: {head}") as status:
+        done = []
+
+        def progress(message: str) -> None:  # measure_recipes logs one line per candidate
+            err.print(f"  {message}")
+            if ": D k1" in message:
+                done.append(message)
+                if len(done) < n:
+                    status.update(f"[{len(done) + 1}/{n}] measuring {recipes[len(done)]}: {head}")
+
+        measurements = measure_recipes(
+            cfg,
+            list(recipes),
+            num_prompts=prompts,
+            responses_per_prompt=responses,
+            seed=seed,
+            on_progress=progress,
+        )
     decisions = []
-    for i, recipe in enumerate(recipes, 1):
-        with err.status(
-            f"[{i}/{len(recipes)}] measuring {recipe}: {prompts} problems x {responses}"
-        ):
-            (m,) = measure_recipes(
-                cfg, [recipe], num_prompts=prompts, responses_per_prompt=responses, seed=seed
-            )
+    for i, m in enumerate(measurements, 1):
         d = decide(cfg, m, budget, alpha, speed)
         decisions.append(d)
         err.print(
-            f"[{i}/{len(recipes)}] {recipe}: D_hat {d.d_hat:.4g} [{d.ci_low:.4g}, {d.ci_high:.4g}] "
+            f"[{i}/{n}] {d.recipe}: D_hat {d.d_hat:.4g} [{d.ci_low:.4g}, {d.ci_high:.4g}] "
             f"-> {d.decision} ({_dur(d.seconds)})"
         )
     drift = None
     if run is not None:
-        match = next((d for d in decisions if d.recipe == run.recipe), decisions[0])
+        want = _canonical(run.recipe)
+        match = next((d for d in decisions if _canonical(d.recipe) == want), decisions[0])
         drift = (match, drift_report(run.metrics, match.d_hat, alpha), run)
     if as_json:
         out = {
@@ -357,7 +378,7 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
 @click.option("--short", "short", is_flag=True, help="RUNS is one PIPELINE: run the short ladder.")
 @click.option(
     "--sigmas",
-    default="0.5,1,1.5,2",
+    default="0.5,1,2,4",
     show_default=True,
     help="--short: noise(sigma) ladder, comma-separated.",
 )

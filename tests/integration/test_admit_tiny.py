@@ -9,6 +9,7 @@ from click.testing import CliRunner
 pytest.importorskip("opdflow.measure", reason="opdflow.measure comes with the recipes branch")
 
 from opdflow.cli import main
+from opdflow.engines.recipes import parse_recipe
 
 PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py")
 
@@ -28,7 +29,7 @@ def test_admit_bf16_and_reject_large_noise(tmp_path, tiny):
     assert out["budget"]["line_nats"] == 0.3 and str(budget) in out["budget"]["source"]
     bf16, noise = out["decisions"]
     assert (bf16["recipe"], bf16["decision"]) == ("bf16", "ADMIT")
-    assert (noise["recipe"], noise["decision"]) == ("noise(1.0)", "REJECT")
+    assert (noise["recipe"], noise["decision"]) == (parse_recipe("noise(1.0)").text, "REJECT")
     assert 0 <= bf16["d_hat"] < 0.01 < 0.2 < noise["d_hat"]
     assert noise["ci_low"] <= noise["d_hat"] <= noise["ci_high"]
     assert noise["full_run_s"] > noise["seconds"] > 0
