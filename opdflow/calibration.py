@@ -113,8 +113,19 @@ def derive_bracket(points: list[RunPoint]) -> Bracket:
 
 
 def crossing_line(points: list[RunPoint], tau: float) -> tuple[float | None, str]:
-    """Where Delta(D) first crosses tau, interpolated linearly in log D, or why not."""
+    """Where Delta(D) crosses tau, interpolated linearly in log D, or why not.
+
+    Only a ladder with one crossing counts: Delta < tau on every rung below it and >= tau
+    on every rung above. Short runs are noisy; more than one crossing gives no line."""
     pts = sorted((p for p in points if p.d > 0 and math.isfinite(p.delta)), key=lambda p: p.d)
+    crossings = sum((a.delta >= tau) != (b.delta >= tau) for a, b in itertools.pairwise(pts))
+    if crossings > 1:
+        ladder = ", ".join(f"D={p.d:.3g}: {p.delta:+.1%}" for p in pts)
+        return None, (
+            f"Delta crosses tau={tau:g} {crossings} times along the ladder ({ladder}): it is "
+            "not monotone in D at this run length, so no line; lengthen the short runs or "
+            "lower their learning rate"
+        )
     for a, b in itertools.pairwise(pts):
         if a.delta < tau <= b.delta:
             f = (tau - a.delta) / (b.delta - a.delta)

@@ -323,8 +323,18 @@ def _points_table(points, title: str, console) -> None:
     console.print(t)
 
 
+def _same_config(path, cfg) -> bool:
+    """A finished run in `path` was made with exactly this config (run_dir aside)."""
+    done = json.loads((path / "config.json").read_text())
+    want = json.loads(json.dumps(cfg.to_dict(), default=str))
+    done.pop("run_dir", None), want.pop("run_dir", None)
+    return done == want
+
+
 def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tuple[str, list[str]]:
-    """Short runs along the noise ladder plus the bf16 standard; returns their directories."""
+    """Short runs along the noise ladder plus the bf16 standard; returns their directories.
+
+    A finished run already in out_dir with the same config is reused, not rerun."""
     import time
     from pathlib import Path
 
@@ -351,6 +361,10 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
                 ],
             )
             path = Path(out_dir) / recipe.replace("(", "-").replace(")", "")
+            if (path / "summary.json").is_file() and _same_config(path, cfg):
+                err.print(f"[{i}/{len(recipes)}] {recipe}: reusing the finished run {path}")
+                paths.append(str(path))
+                continue
             run = RunDir.create(cfg, path)
             t0 = time.perf_counter()
             tag = f"[{i}/{len(recipes)}] short run {recipe}"
@@ -384,7 +398,10 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
 )
 @click.option("--steps", type=int, default=10, show_default=True, help="--short: steps per run.")
 @click.option(
-    "--runs-dir", default="runs/calibrate-short", show_default=True, help="--short: where runs go."
+    "--runs-dir",
+    default="runs/calibrate-short",
+    show_default=True,
+    help="--short: where runs go (finished ones with the same config are reused).",
 )
 @click.option(
     "--compare-budget",

@@ -182,6 +182,9 @@ def test_crossing_line_interpolates_in_log_d():
     line, _ = crossing_line(pts, 0.2)
     assert line == pytest.approx(math.sqrt(0.1))  # halfway between 0.1 and 1 in log D
     assert crossing_line(pts[:2], 0.2)[0] is None
+    zigzag = [_point(0.01, False, 0.0), _point(0.1, True, 0.6), _point(0.5, False, 0.0)]
+    line, msg = crossing_line([*zigzag, _point(1.0, True, 0.3)], 0.2)
+    assert line is None and "3 times" in msg
 
 
 def test_calibrate_cli_from_constructed_runs(tmp_path):
