@@ -61,17 +61,29 @@ def validate(pipeline: str, overrides: tuple[str, ...]) -> None:
 @click.option(
     "--resume", type=click.Path(), default=None, help="Continue RUN_DIR from its last checkpoint."
 )
+@click.option(
+    "--log",
+    "sinks",
+    default=None,
+    metavar="SINKS",
+    help="Trackers besides metrics.parquet, comma-separated: tensorboard,wandb,mlflow.",
+)
 def run(
     pipeline: str,
     overrides: tuple[str, ...],
     steps: int | None,
     run_dir: str | None,
     resume: str | None,
+    sinks: str | None,
 ) -> None:
     """Run PIPELINE: on-policy distillation on an embedded local Ray cluster or RAY_ADDRESS."""
+    import json
+
     from opdflow.config import load_pipeline
 
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
+    if sinks is not None:
+        extra.append("log.sinks=" + json.dumps([s.strip() for s in sinks.split(",") if s.strip()]))
     cfg = load_pipeline(pipeline, extra)
     from opdflow.console import run_with_progress
 
@@ -80,8 +92,15 @@ def run(
     run_with_progress(cfg, run_dir, resume)
 
 
+from opdflow.commands import report as _report  # noqa: E402
+
+main.add_command(_report.report)
+
 from opdflow.commands import quality as _quality  # noqa: E402
 
 main.add_command(_quality.compare)
 main.add_command(_quality.admit)
 main.add_command(_quality.calibrate)
+
+if __name__ == "__main__":
+    main()

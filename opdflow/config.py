@@ -179,6 +179,12 @@ class EngineConfig:
         _positive(f"{path}.max_new_tokens", self.max_new_tokens)
         if not isinstance(self.recipe, str) or not self.recipe.strip():
             _fail(f"{path}.recipe", self.recipe, 'a recipe name such as "bf16"')
+        from opdflow.engines.recipes import parse_recipe  # light: no torch at import
+
+        try:
+            parse_recipe(self.recipe)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}.recipe: {exc}") from exc
 
 
 @dataclass
@@ -325,6 +331,35 @@ class ResourcesConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Where per-step metrics go besides the run directory's metrics.parquet (always written)."""
+
+    sinks: list[str] = field(default_factory=list)
+    """Extra trackers, any of "tensorboard", "wandb", "mlflow" (each an extra: pip install
+    'opdflow[wandb]'); metric names are the metrics.parquet columns. CLI: --log wandb,mlflow."""
+    project: str = "opdflow"
+    """W&B project and MLflow experiment the run is logged under."""
+    wandb_entity: str | None = None
+    """W&B entity (user or team); None = your default entity."""
+    wandb_mode: str | None = None
+    """W&B mode: "online", "offline" (files under the run directory) or "disabled";
+    None = $WANDB_MODE or wandb's default."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI, e.g. "http://mlflow:5000" or "sqlite:///mlflow.db";
+    None = $MLFLOW_TRACKING_URI or MLflow's default."""
+    tensorboard_dir: str | None = None
+    """TensorBoard event directory; None = <run_dir>/tensorboard."""
+
+    def validate(self, path: str) -> None:
+        for i, sink in enumerate(self.sinks):
+            _one_of(f"{path}.sinks[{i}]", sink, ("parquet", "tensorboard", "wandb", "mlflow"))
+        if self.wandb_mode is not None:
+            _one_of(f"{path}.wandb_mode", self.wandb_mode, ("online", "offline", "disabled"))
+        if not isinstance(self.project, str) or not self.project.strip():
+            _fail(f"{path}.project", self.project, "a non-empty name")
+
+
+@dataclass
 class PipelineConfig:
     """One OPD run: student, teacher, data, rollout engine, staleness, steps."""
 
@@ -352,6 +387,8 @@ class PipelineConfig:
     """Ray resources per stage."""
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
     """Fault handling and checkpoints."""
+    log: LoggingConfig = field(default_factory=LoggingConfig)
+    """Trackers fed once per step (metrics.parquet always; TensorBoard, W&B, MLflow on request)."""
 
     def validate(self) -> PipelineConfig:
         if (

@@ -42,6 +42,7 @@ from opdflow.supervisor import (
     diagnose,
     stop_on_signals,
 )
+from opdflow.trackers import open_trackers
 
 
 @dataclass
@@ -63,110 +64,120 @@ def run_pipeline(
     on_start: Callable[[Stages], None] = lambda st: None,
 ) -> dict:
     """Train cfg.train.steps learner steps (from `resume` if given); returns the run summary."""
-    st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
-    on_start(st)
-    policy, store, rel = st.policy, st.store, cfg.reliability
-    steps, first = cfg.train.steps, st.restore(resume, run)
-    pending: dict[int, Pending] = {}
-    dropped, next_launch = (resume.state["dropped"] if resume else 0), first
+    trackers = open_trackers(cfg, run)  # metrics.parquet + cfg.log.sinks; params logged once
+    st: Stages | None = None
+    try:
+        st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
+        on_start(st)
+        policy, store, rel = st.policy, st.store, cfg.reliability
+        steps, first = cfg.train.steps, st.restore(resume, run)
+        pending: dict[int, Pending] = {}
+        dropped, next_launch = (resume.state["dropped"] if resume else 0), first
 
-    def launch(step: int, attempt: int = 0) -> None:
-        v = store.latest
-        gen = st.pool.submit(st.requests(step, attempt, v), store.get(v))
-        rescored = st.rescorer.rescore.remote(v, [store.get(v)], *[link.ref for link in gen])
-        scored = st.teacher.score.remote(rescored)
-        links = [*gen, Link("rescorer", st.rescorer, rescored), Link("teacher", st.teacher, scored)]
-        pending[step] = Pending(v, links, attempt)
+        def launch(step: int, attempt: int = 0) -> None:
+            v = store.latest
+            gen = st.pool.submit(st.requests(step, attempt, v), store.get(v))
+            rescored = st.rescorer.rescore.remote(v, [store.get(v)], *[link.ref for link in gen])
+            scored = st.teacher.score.remote(rescored)
+            links = [
+                *gen,
+                Link("rescorer", st.rescorer, rescored),
+                Link("teacher", st.teacher, scored),
+            ]
+            pending[step] = Pending(v, links, attempt)
 
-    def launch_ready() -> None:
-        nonlocal next_launch
-        while (
-            next_launch < steps and launch_version(next_launch, policy.k, store.latest) is not None
-        ):
-            launch(next_launch)
-            next_launch += 1
+        def launch_ready() -> None:
+            nonlocal next_launch
+            while (
+                next_launch < steps
+                and launch_version(next_launch, policy.k, store.latest) is not None
+            ):
+                launch(next_launch)
+                next_launch += 1
 
-    if first == 0:
-        st.evaluate(0)
-    launch_ready()
-    t_prev_end = t_start = time.perf_counter()
-    warm = first + cfg.warmup_steps
-    t_warm = t_start if cfg.warmup_steps == 0 else None
-    with stop_on_signals() as stop:
-        for step in range(first, steps):
-            while True:  # trainer wait: until this step's batch is scored and within the bound
-                job = pending.pop(step)
-                wait_s = await_links(
-                    job.links, rel.stage_timeout_s, lambda s: run.event("timeout", stage=s)
-                )
-                if within_bound(step, job.version, policy.k):
-                    break
-                dropped += 1
-                run.event("dropped", step=step, version=job.version, k=policy.k)
-                launch(step, job.attempt + 1)
-            try:
-                out = ray.get(st.learner.train_step.remote(step, job.ref))
-            except RayError as exc:
-                raise diagnose(job.links, exc) from exc
-            store.publish(step + 1, out.pop("weights")[0])
-            t_end = time.perf_counter()
-            step_s, t_prev_end = t_end - t_prev_end, t_end
-            if step + 1 == warm:
-                t_warm = t_end
-            uph = (
-                3600 * (step + 1 - warm) / (t_end - t_warm)
-                if t_warm and step + 1 > warm
-                else float("nan")
-            )
-            staleness = step - job.version
-            decision = policy.observe(
-                StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
-            )
-            if decision is not None:
-                run.event("staleness", **dataclasses.asdict(decision))
-            if out["bad_steps"] > cfg.train.max_bad_steps:
-                raise StageFailed(
-                    "learner",
-                    f"{out['bad_steps']} steps had a non-finite loss (train.max_bad_steps="
-                    f"{cfg.train.max_bad_steps})",
-                    "lower train.lr or check the models",
-                )
-            launch_ready()
-            store.release_below(min([p.version for p in pending.values()] + [store.latest]))
-            if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
-                st.evaluate(step + 1)
-            row = {
-                "step": step,
-                "version": job.version,
-                "staleness": staleness,
-                "k": policy.k,
-                **out,
-                "trainer_wait_s": wait_s,
-                "step_s": step_s,
-                "updates_per_hour": uph,
-                "dropped": dropped,
-                "time_s": t_end - t_start,
-                "live_weight_versions": len(store.live_versions()),
-                **st.collect_evals(run, wait=False),
-            }
-            run.add_metrics(row)
-            on_step(row)
-            every = rel.checkpoint_every
-            if stop.requested or (every and (step + 1) % every == 0 and step + 1 < steps):
-                st.collect_evals(run, wait=True)
-                st.checkpoint(run, step + 1, {"dropped": dropped})
-                if stop.requested:
-                    st.shutdown()
-                    raise StopRequested(
-                        f"stopped after step {step} (checkpoint written); resume with "
-                        f"--resume {run.path}"
+        if first == 0:
+            st.evaluate(0)
+        launch_ready()
+        t_prev_end = t_start = time.perf_counter()
+        warm = first + cfg.warmup_steps
+        t_warm = t_start if cfg.warmup_steps == 0 else None
+        with stop_on_signals() as stop:
+            for step in range(first, steps):
+                while True:  # trainer wait: until this step's batch is scored and within the bound
+                    job = pending.pop(step)
+                    wait_s = await_links(
+                        job.links, rel.stage_timeout_s, lambda s: run.event("timeout", stage=s)
                     )
-    st.collect_evals(run, wait=True)
-    st.checkpoint(run, steps, {"dropped": dropped})
-    summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
-    run.write_json("summary.json", summary)
-    st.shutdown()
-    return summary
+                    if within_bound(step, job.version, policy.k):
+                        break
+                    dropped += 1
+                    run.event("dropped", step=step, version=job.version, k=policy.k)
+                    launch(step, job.attempt + 1)
+                try:
+                    out = ray.get(st.learner.train_step.remote(step, job.ref))
+                except RayError as exc:
+                    raise diagnose(job.links, exc) from exc
+                store.publish(step + 1, out.pop("weights")[0])
+                t_end = time.perf_counter()
+                step_s, t_prev_end = t_end - t_prev_end, t_end
+                if step + 1 == warm:
+                    t_warm = t_end
+                uph = (
+                    3600 * (step + 1 - warm) / (t_end - t_warm)
+                    if t_warm and step + 1 > warm
+                    else float("nan")
+                )
+                staleness = step - job.version
+                decision = policy.observe(
+                    StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
+                )
+                if decision is not None:
+                    run.event("staleness", **dataclasses.asdict(decision))
+                if out["bad_steps"] > cfg.train.max_bad_steps:
+                    raise StageFailed(
+                        "learner",
+                        f"{out['bad_steps']} steps had a non-finite loss (train.max_bad_steps="
+                        f"{cfg.train.max_bad_steps})",
+                        "lower train.lr or check the models",
+                    )
+                launch_ready()
+                store.release_below(min([p.version for p in pending.values()] + [store.latest]))
+                if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
+                    st.evaluate(step + 1)
+                row = {
+                    "step": step,
+                    "version": job.version,
+                    "staleness": staleness,
+                    "k": policy.k,
+                    **out,
+                    "trainer_wait_s": wait_s,
+                    "step_s": step_s,
+                    "updates_per_hour": uph,
+                    "dropped": dropped,
+                    "time_s": t_end - t_start,
+                    "live_weight_versions": len(store.live_versions()),
+                    **st.collect_evals(run, wait=False),
+                }
+                trackers.log_metrics(step, row)
+                on_step(row)
+                every = rel.checkpoint_every
+                if stop.requested or (every and (step + 1) % every == 0 and step + 1 < steps):
+                    st.collect_evals(run, wait=True)
+                    st.checkpoint(run, step + 1, {"dropped": dropped})
+                    if stop.requested:
+                        raise StopRequested(
+                            f"stopped after step {step} (checkpoint written); resume with "
+                            f"--resume {run.path}"
+                        )
+        st.collect_evals(run, wait=True)
+        st.checkpoint(run, steps, {"dropped": dropped})
+        summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
+        run.write_json("summary.json", summary)
+        return summary
+    finally:
+        trackers.close()
+        if st is not None:
+            st.shutdown()
 
 
 def summarize(run: RunDir, record: list, dropped: int) -> dict:

@@ -33,6 +33,20 @@ def _check_checkpoint(path: str, field: str) -> None:
         raise ConfigError(
             f"{field} = {path!r}: no config.json in it; save the model with save_pretrained()"
         )
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        config = AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"{field} = {path!r}: config.json cannot be read as a model config: {exc}"
+        ) from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(
+            f"{field} = {path!r}: model_type {config.model_type!r} is not a causal language model "
+            "architecture transformers can generate with (e.g. qwen2, llama)"
+        )
     if not any(p.glob("*.safetensors")):
         raise ConfigError(
             f"{field} = {path!r}: no *.safetensors weights in it; opdflow loads safetensors only "

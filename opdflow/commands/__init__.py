@@ -1,1 +1,1 @@
-"""CLI commands by topic; each module's click commands are registered in opdflow/cli.py."""
+"""CLI commands grouped by topic; cli.py registers each with one line."""

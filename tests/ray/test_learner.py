@@ -1,0 +1,46 @@
+"""The learner actor on real tiny batches: a non-finite loss skips the step, nothing else."""
+
+import numpy as np
+import ray
+
+from opdflow.config import TrainConfig
+from opdflow.data import load_prompts
+from opdflow.engines.base import GenerationRequest, SamplingParams
+from opdflow.engines.torch_engine import TorchEngine
+from opdflow.stages.learner import Learner
+from opdflow.weights import unpack
+
+
+def test_a_nan_loss_is_skipped_and_reported_and_weights_stay(ray_local, tiny, tokenizer):
+    prompts = load_prompts(tiny.train, tokenizer, limit=4)
+    engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    batch = engine.generate(
+        GenerationRequest(
+            prompts.token_ids,
+            [0, 1, 2, 3],
+            prompts.answers,
+            2,
+            0,
+            0,
+            SamplingParams(max_new_tokens=6),
+        )
+    )
+    bad = batch.replace(
+        logp_rescore_B_T=batch.logp_engine_B_T,
+        logp_teacher_B_T=np.full_like(batch.logp_engine_B_T, np.nan),
+    )
+    learner = ray.remote(Learner).remote(str(tiny.student), 1, TrainConfig().__dict__, 0)
+    before = unpack(ray.get(ray.get(learner.publish.remote())[0]))
+    out = ray.get(learner.train_step.remote(0, bad))
+    assert out["skipped"] is True
+    assert out["bad_steps"] == 1
+    after = unpack(ray.get(out["weights"][0]))
+    assert all(np.array_equal(before[k].float().numpy(), after[k].float().numpy()) for k in before)
+    good = batch.replace(
+        logp_rescore_B_T=batch.logp_engine_B_T, logp_teacher_B_T=batch.logp_engine_B_T - 1.0
+    )
+    out = ray.get(learner.train_step.remote(1, good))
+    assert out["skipped"] is False
+    assert out["bad_steps"] == 1
+    assert ray.get(learner.record.remote()) == [(0, 0), (1, 0)]
+    ray.kill(learner)

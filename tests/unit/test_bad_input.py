@@ -1,0 +1,174 @@
+"""Bad input is refused with an error naming what, where and how to fix it; nothing half-written.
+
+Together with test_config.py and test_data.py these are the run's input checks (issue:
+"bad input refused"): pipeline files, config fields, recipes, data files, checkpoints,
+run directories.
+"""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from opdflow.cli import main
+from opdflow.config import ConfigError, PipelineConfig, apply_overrides
+from opdflow.console import open_resume
+from opdflow.models import resolve_models
+from opdflow.rundir import RunDir
+
+
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        ("fp9", r"engine\.recipe: recipe 'fp9': unknown name 'fp9'; known recipes: .*bf16"),
+        ("noise(", r"engine\.recipe: recipe 'noise\(' is malformed"),
+        ("noise(abc)", r"engine\.recipe: .*not a number"),
+        ("noise", r"engine\.recipe: .*noise needs sigma"),
+    ],
+)
+def test_recipe_errors(recipe, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(PipelineConfig(), [f"engine.recipe={recipe}"])
+
+
+def _models(tmp_path, tiny, **changes):
+    cfg = apply_overrides(PipelineConfig(), [])
+    cfg.models.student = str(changes.get("student", tiny.student))
+    cfg.models.teacher = str(changes.get("teacher", tiny.teacher))
+    cfg.data.train = cfg.data.heldout = str(tiny.train)
+    return cfg
+
+
+def _checkpoint_copy(tmp_path, tiny, name):
+    d = tmp_path / name
+    shutil.copytree(tiny.student, d)
+    for f in tiny.tokenizer.iterdir():
+        shutil.copy(f, d / f.name)
+    return d
+
+
+def test_checkpoint_directory_missing(tmp_path, tiny):
+    with pytest.raises(ConfigError, match=r"models\.student = .*nowhere.*directory not found"):
+        resolve_models(_models(tmp_path, tiny, student=tmp_path / "nowhere"))
+
+
+def test_checkpoint_without_config_json(tmp_path, tiny):
+    d = _checkpoint_copy(tmp_path, tiny, "s")
+    (d / "config.json").unlink()
+    with pytest.raises(ConfigError, match=r"models\.student = .*no config\.json.*save_pretrained"):
+        resolve_models(_models(tmp_path, tiny, student=d, teacher=d))
+
+
+def test_checkpoint_without_safetensors(tmp_path, tiny):
+    d = _checkpoint_copy(tmp_path, tiny, "s")
+    for f in d.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ConfigError, match=r"no \*\.safetensors weights.*safe_serialization=True"):
+        resolve_models(_models(tmp_path, tiny, student=d, teacher=d))
+
+
+def test_checkpoint_of_the_wrong_architecture(tmp_path, tiny):
+    d = _checkpoint_copy(tmp_path, tiny, "s")
+    config = json.loads((d / "config.json").read_text())
+    config["model_type"] = "vit"
+    config["architectures"] = ["ViTModel"]
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"model_type 'vit' is not a causal language model"):
+        resolve_models(_models(tmp_path, tiny, student=d, teacher=d))
+
+
+def test_student_and_teacher_tokenizers_differ(tmp_path, tiny):
+    from opdflow.tokenizer import build_char_tokenizer
+
+    student = _checkpoint_copy(tmp_path, tiny, "s")
+    teacher = _checkpoint_copy(tmp_path, tiny, "t")
+    build_char_tokenizer("0123456789+-=Q:", teacher)  # one more symbol: another vocabulary
+    with pytest.raises(ConfigError, match=r"models\.teacher = .*different tokenizer vocabulary"):
+        resolve_models(_models(tmp_path, tiny, student=student, teacher=teacher))
+
+
+def test_only_one_of_student_and_teacher_is_tiny(tmp_path, tiny):
+    with pytest.raises(ConfigError, match=r"models\.teacher = .*both student and teacher"):
+        apply_overrides(PipelineConfig(), [f"models.teacher={tiny.teacher}"])
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "metrics.parquet").write_text("precious")
+    with pytest.raises(ConfigError, match=r"already exists and is not empty.*--resume"):
+        RunDir.create(PipelineConfig(), d)
+    assert (d / "metrics.parquet").read_text() == "precious"
+
+
+def test_resume_refusals(tmp_path):
+    with pytest.raises(ConfigError, match=r"--resume .*not a run directory \(no config\.json"):
+        open_resume(PipelineConfig(), str(tmp_path))
+    cfg = PipelineConfig()
+    run = RunDir.create(cfg, tmp_path / "run")
+    with pytest.raises(
+        ConfigError, match=r"no complete checkpoint in .*checkpoints; start a new run"
+    ):
+        open_resume(cfg, str(run.path))
+    changed = apply_overrides(PipelineConfig(), ["train.lr=5e-4", "staleness.k=3"])
+    with pytest.raises(
+        ConfigError, match=r"differs .* staleness\.k \(2 in the run, 3 now\); train\.lr"
+    ):
+        open_resume(changed, str(run.path))
+
+
+def test_cli_refuses_bad_pipelines_with_exit_code_2_and_writes_nothing(tmp_path):
+    runner = CliRunner()
+    out_dir = tmp_path / "run"
+    bad = tmp_path / "p.py"
+    bad.write_text("def pipeline():\n    return 3\n")
+    result = runner.invoke(main, ["run", str(bad), "--run-dir", str(out_dir)])
+    assert result.exit_code == 2
+    assert "returned int, expected opdflow.config.PipelineConfig" in result.output
+    result = runner.invoke(
+        main, ["run", "pipelines/tiny_cpu.py", "--set", "staleness.k=-1", "--run-dir", str(out_dir)]
+    )
+    assert result.exit_code == 2
+    assert "staleness.k = -1" in result.output
+    result = runner.invoke(
+        main, ["run", "pipelines/tiny_cpu.py", "--run-dir", str(out_dir), "--resume", str(out_dir)]
+    )
+    assert result.exit_code == 2
+    assert "either --run-dir" in result.output
+    assert not out_dir.exists()
+
+
+def test_cli_bad_data_file_leaves_no_half_written_run(tmp_path, tiny):
+    out_dir = tmp_path / "run"
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "pipelines/tiny_cpu.py",
+            "--set",
+            f"data.train={tmp_path / 'missing.parquet'}",
+            "--run-dir",
+            str(out_dir),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "missing.parquet not found" in result.output
+    assert not out_dir.exists()
+
+
+def test_more_heldout_prompts_than_the_file_has(tmp_path, tiny):
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "pipelines/tiny_cpu.py",
+            "--set",
+            "eval.prompts=100000",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "eval.prompts = 100000 but" in result.output
+    assert not (tmp_path / "run").exists()
