@@ -96,5 +96,11 @@ from opdflow.commands import report as _report  # noqa: E402
 
 main.add_command(_report.report)
 
+from opdflow.commands import quality as _quality  # noqa: E402
+
+main.add_command(_quality.compare)
+main.add_command(_quality.admit)
+main.add_command(_quality.calibrate)
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,492 @@
+"""`opdflow compare`, `opdflow admit`, `opdflow calibrate`: the quality rule, the admission
+check and budget calibration on the command line (logic in quality/admission/calibration.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import click
+
+
+def _console(err: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=err)
+
+
+def _f(x: float | None, spec: str = ".4g") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _dur(s: float) -> str:
+    if not math.isfinite(s):
+        return "n/a"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+_tau = click.option(
+    "--tau",
+    type=float,
+    default=0.20,
+    show_default=True,
+    help="Quality tolerance: a run fails at Delta >= tau (with the interval excluding 0).",
+)
+
+
+# ---------------------------------------------------------------- compare
+
+
+def _print_verdict(v) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"quality rule: {v.run} vs standard {v.std_run}", show_header=False)
+    t.add_row("recipe", v.recipe)
+    t.add_row("held-out version / prompts", f"{v.version} / {v.prompts} (paired by prompt)")
+    t.add_row("final held-out KL std -> c", f"{v.kl_std:.5f} -> {v.kl_c:.5f} nats/token")
+    t.add_row(
+        "KL_c - KL_std (95% paired CI)",
+        f"{v.diff.estimate:+.5f}  [{v.diff.low:+.5f}, {v.diff.high:+.5f}]"
+        f"  {'excludes 0' if v.diff.excludes_zero() else 'includes 0'}",
+    )
+    t.add_row("Delta(c)", f"{v.delta:+.1%}  (tau = {v.tau:.0%})")
+    color = "red" if v.fails else "green"
+    t.add_row(
+        "decision", f"[bold {color}]{v.decision}[/]  (FAIL iff Delta >= tau AND CI excludes 0)"
+    )
+    t.add_row(
+        "accuracy std -> c (95% CI of diff)",
+        f"{v.acc_std:.1%} -> {v.acc_c:.1%}  [{v.acc_diff.low:+.1%}, {v.acc_diff.high:+.1%}]",
+    )
+    t.add_row(
+        "accuracy rule",
+        f"{'WORSE' if v.acc_worse else 'OK'}  (WORSE iff >= {v.acc_drop:.0%} points lost AND CI < 0)",
+    )
+    _console().print(t)
+
+
+@click.command()
+@click.argument("run_std", type=click.Path())
+@click.argument("run_c", type=click.Path())
+@_tau
+@click.option(
+    "--acc-drop", type=float, default=0.05, show_default=True, help="Accuracy points that count."
+)
+@click.option("--version", type=int, default=None, help="Held-out version (default: the final).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON on stdout.")
+def compare(
+    run_std: str, run_c: str, tau: float, acc_drop: float, version: int | None, as_json: bool
+) -> None:
+    """Judge RUN_C against the standard run RUN_STD on the same held-out prompts.
+
+    Exit code 0 on PASS, 1 on FAIL, 2 when the runs cannot be compared.
+    """
+    from opdflow.quality import compare_runs, load_run
+
+    v = compare_runs(
+        load_run(run_std), load_run(run_c), tau=tau, acc_drop=acc_drop, version=version
+    )
+    if as_json:
+        click.echo(json.dumps(v.to_dict(), indent=2))
+    else:
+        _print_verdict(v)
+    sys.exit(1 if v.fails else 0)
+
+
+# ---------------------------------------------------------------- admit
+
+
+def _canonical(recipe: str) -> str:
+    from opdflow.engines.recipes import parse_recipe
+
+    return parse_recipe(recipe).text
+
+
+def _quiet() -> None:
+    import os
+
+    from opdflow.raycluster import QUIET_ENV
+
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"admission check: {cfg.name} (L = {budget.line:.4g}, alpha = {alpha:g})")
+    for col in ("recipe", "D_hat nats/tok", "95% CI", "alpha*D_hat", "decision", "tokens"):
+        t.add_column(col, justify="left" if col == "recipe" else "right")
+    t.add_column("check took", justify="right")
+    t.add_column("full run (est.)", justify="right")
+    for d in decisions:
+        color = "green" if d.admit else "red"
+        t.add_row(
+            d.recipe,
+            f"{d.d_hat:.4g}",
+            f"[{d.ci_low:.4g}, {d.ci_high:.4g}]",
+            f"{d.alpha * d.d_hat:.4g}",
+            f"[bold {color}]{d.decision}[/]" + (" (borderline)" if d.borderline else ""),
+            str(d.tokens),
+            _dur(d.seconds),
+            ("~ " if d.full_run_is_rough else "") + _dur(d.full_run_s),
+        )
+    c = _console()
+    c.print(t)
+    c.print(
+        f"L from {budget.source}; ADMIT iff alpha * D_hat <= L (boundary D = {budget.line / alpha:.4g})."
+    )
+    c.print(
+        "D_hat: token-pooled k1 of the candidate engine vs the BF16 student on its own samples; "
+        "CI: bootstrap over prompts. borderline: the CI straddles the boundary."
+    )
+    total = sum(d.seconds for d in decisions)
+    fulls = sorted(d.full_run_s for d in decisions)
+    span = _dur(fulls[0]) if fulls[0] == fulls[-1] else f"{_dur(fulls[0])} to {_dur(fulls[-1])}"
+    c.print(
+        f"checking {len(decisions)} candidate(s) took {_dur(total)}; one full run of "
+        f"{cfg.train.steps} steps takes about {span} (train.steps x responses/step x "
+        f"seconds/response, without actor start-up; seconds/response {speed_source})."
+    )
+
+
+def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"drift: online D in {run_path} vs admission D_hat = {d_hat:.4g} ({recipe})")
+    for col in (
+        "steps",
+        "d_engine online",
+        "ratio",
+        "d_total online",
+        "ratio",
+        f"> alpha={alpha:g}?",
+    ):
+        t.add_column(col, justify="right")
+    for i, w in enumerate(windows):
+        label = "all" if i == len(windows) - 1 else f"{w.first_step}-{w.last_step}"
+        t.add_row(
+            label,
+            _f(w.d_engine),
+            f"{w.ratio_engine:.2f}x",
+            _f(w.d_total),
+            f"{w.ratio_total:.2f}x",
+            "[red]PAST MARGIN[/]" if w.past_margin else "ok",
+        )
+    _console().print(t)
+    _console().print(
+        "ratio = online token-pooled mismatch / offline D_hat; the margin alpha assumes "
+        "training mismatch stays within alpha x the estimate (judged on d_engine)."
+    )
+
+
+@click.command()
+@click.argument("pipeline")
+@click.option("--recipe", "recipes", multiple=True, required=True, help="Candidate (repeatable).")
+@click.option("--budget", "line", type=float, default=None, help="The line L, nats/token.")
+@click.option(
+    "--budget-file", type=click.Path(), default=None, help="Budget JSON from opdflow calibrate."
+)
+@click.option("--alpha", type=float, default=1.5, show_default=True, help="Safety margin.")
+@click.option("--prompts", type=int, default=16, show_default=True, help="Problems measured.")
+@click.option("--responses", type=int, default=2, show_default=True, help="Responses per problem.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option(
+    "--against",
+    type=click.Path(),
+    default=None,
+    help="A finished run: report its online D vs this estimate (drift).",
+)
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
+@click.option("--json", "as_json", is_flag=True, help="Print decisions as JSON on stdout.")
+def admit(
+    pipeline: str,
+    recipes: tuple[str, ...],
+    line: float | None,
+    budget_file: str | None,
+    alpha: float,
+    prompts: int,
+    responses: int,
+    seed: int,
+    against: str | None,
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Admit or reject rollout engine recipes for PIPELINE before training with them.
+
+    Exit code 0 when every candidate is admitted, 1 when any is rejected.
+    """
+    from rich.console import Console
+
+    from opdflow.admission import decide, drift_report, load_budget
+    from opdflow.config import load_pipeline
+    from opdflow.measure import measure_recipes
+
+    _quiet()
+    cfg = load_pipeline(pipeline, list(overrides))
+    budget = load_budget(budget_file, line)
+    err = Console(stderr=True)
+    run = speed = None
+    speed_source = "from this check (generation + rescoring, engine start-up included): rough"
+    if budget.step_s_per_response:
+        speed = budget.step_s_per_response
+        speed_source = "from the median step time of the budget file's standard run"
+    if against:
+        from opdflow.calibration import step_cost
+        from opdflow.quality import load_run
+
+        run = load_run(against)
+        if _canonical(run.recipe) not in map(_canonical, recipes) and len(recipes) > 1:
+            raise click.UsageError(
+                f"--against {against}: its recipe {run.recipe!r} is not among the candidates "
+                f"{list(recipes)}; add --recipe '{run.recipe}'"
+            )
+        data = run.config["data"]
+        n = data["prompts_per_step"] * data["responses_per_prompt"]
+        speed = step_cost(run.metrics, n) or speed
+        speed_source = f"from the median step time of {against}"
+    n = len(recipes)
+    head = f"{prompts} problems x {responses} responses"
+    with err.status(f"[1/{n}] loading the student, measuring {recipes[0]}: {head}") as status:
+        done = []
+
+        def progress(message: str) -> None:  # measure_recipes logs one line per candidate
+            err.print(f"  {message}")
+            if ": D k1" in message:
+                done.append(message)
+                if len(done) < n:
+                    status.update(f"[{len(done) + 1}/{n}] measuring {recipes[len(done)]}: {head}")
+
+        measurements = measure_recipes(
+            cfg,
+            list(recipes),
+            num_prompts=prompts,
+            responses_per_prompt=responses,
+            seed=seed,
+            on_progress=progress,
+        )
+    decisions = []
+    for i, m in enumerate(measurements, 1):
+        d = decide(cfg, m, budget, alpha, speed)
+        decisions.append(d)
+        err.print(
+            f"[{i}/{n}] {d.recipe}: D_hat {d.d_hat:.4g} [{d.ci_low:.4g}, {d.ci_high:.4g}] "
+            f"-> {d.decision} ({_dur(d.seconds)})"
+        )
+    drift = None
+    if run is not None:
+        want = _canonical(run.recipe)
+        match = next((d for d in decisions if _canonical(d.recipe) == want), decisions[0])
+        drift = (match, drift_report(run.metrics, match.d_hat, alpha), run)
+    if as_json:
+        out = {
+            "budget": {"line_nats": budget.line, "source": budget.source, "alpha": alpha},
+            "full_run_speed": speed_source,
+            "decisions": [d.to_dict() for d in decisions],
+        }
+        if drift:
+            from dataclasses import asdict
+
+            out["drift"] = {"run": str(drift[2].path), "windows": [asdict(w) for w in drift[1]]}
+        click.echo(json.dumps(out, indent=2))
+    else:
+        _admit_table(decisions, budget, alpha, cfg, speed_source)
+        if drift:
+            _drift_table(drift[1], drift[0].d_hat, alpha, str(drift[2].path), drift[0].recipe)
+    sys.exit(0 if all(d.admit for d in decisions) else 1)
+
+
+# ---------------------------------------------------------------- calibrate
+
+
+def _points_table(points, title: str, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("run", "recipe", "D (d_total)", "d_engine", "Delta", "KL diff 95% CI", "verdict"):
+        t.add_column(col, justify="left" if col in ("run", "recipe") else "right")
+    for p in sorted(points, key=lambda p: p.d):
+        t.add_row(
+            p.run,
+            p.recipe,
+            _f(p.d),
+            _f(p.d_engine),
+            f"{p.delta:+.1%}",
+            f"[{p.diff_low:+.4f}, {p.diff_high:+.4f}]",
+            "[red]FAIL[/]" if p.fails else "[green]PASS[/]",
+        )
+    console.print(t)
+
+
+def _same_config(path, cfg) -> bool:
+    """A finished run in `path` was made with exactly this config (run_dir aside)."""
+    done = json.loads((path / "config.json").read_text())
+    want = json.loads(json.dumps(cfg.to_dict(), default=str))
+    done.pop("run_dir", None), want.pop("run_dir", None)
+    return done == want
+
+
+def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tuple[str, list[str]]:
+    """Short runs along the noise ladder plus the bf16 standard; returns their directories.
+
+    A finished run already in out_dir with the same config is reused, not rerun."""
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from opdflow.config import load_pipeline
+    from opdflow.controller import run_pipeline
+    from opdflow.raycluster import connect
+    from opdflow.rundir import RunDir
+
+    err = Console(stderr=True)
+    started = connect()
+    recipes = ["bf16"] + [f"noise({s:g})" for s in sigmas]
+    paths = []
+    try:
+        for i, recipe in enumerate(recipes, 1):
+            cfg = load_pipeline(
+                pipeline,
+                [
+                    *overrides,
+                    f"engine.recipe={recipe}",
+                    f"train.steps={steps}",
+                    f"eval.every={steps}",
+                ],
+            )
+            path = Path(out_dir) / recipe.replace("(", "-").replace(")", "")
+            if (path / "summary.json").is_file() and _same_config(path, cfg):
+                err.print(f"[{i}/{len(recipes)}] {recipe}: reusing the finished run {path}")
+                paths.append(str(path))
+                continue
+            run = RunDir.create(cfg, path)
+            t0 = time.perf_counter()
+            tag = f"[{i}/{len(recipes)}] short run {recipe}"
+            with err.status(f"{tag}: {steps} steps") as status:
+                run_pipeline(
+                    cfg, run, lambda r, s=status, t=tag: s.update(f"{t}: step {r['step'] + 1}")
+                )
+            err.print(
+                f"[{i}/{len(recipes)}] {recipe}: {steps} steps in {_dur(time.perf_counter() - t0)} -> {path}"
+            )
+            paths.append(str(path))
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return paths[0], paths[1:]
+
+
+@click.command()
+@click.argument("runs", nargs=-1)
+@click.option("--std", "std_run", type=click.Path(), default=None, help="The standard (bf16) run.")
+@_tau
+@click.option("--out", type=click.Path(), default=None, help="Write the budget JSON here.")
+@click.option("--short", "short", is_flag=True, help="RUNS is one PIPELINE: run the short ladder.")
+@click.option(
+    "--sigmas",
+    default="0.5,1,2,4",
+    show_default=True,
+    help="--short: noise(sigma) ladder, comma-separated.",
+)
+@click.option("--steps", type=int, default=10, show_default=True, help="--short: steps per run.")
+@click.option(
+    "--runs-dir",
+    default="runs/calibrate-short",
+    show_default=True,
+    help="--short: where runs go (finished ones with the same config are reused).",
+)
+@click.option(
+    "--compare-budget",
+    type=click.Path(),
+    default=None,
+    help="--short: a budget file from full runs, to report how far the short L is from it.",
+)
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
+@click.option("--json", "as_json", is_flag=True, help="Print the budget JSON on stdout.")
+def calibrate(
+    runs: tuple[str, ...],
+    std_run: str | None,
+    tau: float,
+    out: str | None,
+    short: bool,
+    sigmas: str,
+    steps: int,
+    runs_dir: str,
+    compare_budget: str | None,
+    overrides: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Derive the budget line L from finished runs (RUN ... --std RUN_STD), or from short
+    runs along the noise ladder (--short PIPELINE). Writes --out for `opdflow admit`."""
+    from opdflow.calibration import (
+        budget_dict,
+        crossing_line,
+        derive_bracket,
+        points_from_runs,
+        step_cost,
+        write_budget,
+    )
+    from opdflow.config import ConfigError
+    from opdflow.quality import load_run
+
+    c = _console(err=as_json)  # with --json, stdout carries only the JSON
+    if short:
+        if len(runs) != 1 or std_run:
+            raise click.UsageError("--short takes exactly one PIPELINE and no --std")
+        try:
+            ladder = sorted(float(s) for s in sigmas.split(",") if s.strip())
+        except ValueError as exc:
+            raise ConfigError(f"--sigmas {sigmas!r}: expected numbers, e.g. 0.5,1,1.5") from exc
+        if not ladder or steps < 1:
+            raise ConfigError("--short needs at least one sigma and --steps >= 1")
+        std_run, run_list = _run_short(runs[0], overrides, ladder, steps, runs_dir)
+    else:
+        if not std_run or not runs:
+            raise click.UsageError("give finished runs and the standard one: RUN ... --std RUN_STD")
+        run_list = list(runs)
+    points = points_from_runs(std_run, run_list, tau)
+    bracket = derive_bracket(points)
+    std = load_run(std_run)
+    cost = step_cost(
+        std.metrics,
+        std.config["data"]["prompts_per_step"] * std.config["data"]["responses_per_prompt"],
+    )
+    _points_table(
+        points,
+        f"calibration against {std_run} (tau = {tau:.0%}; D = token-pooled d_total_k1 over training)",
+        c,
+    )
+    c.print(f"bracket: {bracket.message}")
+    line = bracket.line
+    method = "runs"
+    if short:
+        method = "short"
+        line, msg = crossing_line(points, tau)
+        c.print(f"short calibration: {msg}")
+        if compare_budget and line is not None:
+            from opdflow.admission import load_budget
+
+            full = load_budget(compare_budget)
+            c.print(
+                f"vs full-run calibration {full.source}: L_short / L_full = "
+                f"{line:.4g} / {full.line:.4g} = {line / full.line:.2f}x"
+            )
+    budget = budget_dict(bracket, points, tau, std_run, method, line, cost)
+    if as_json:
+        click.echo(json.dumps(budget, indent=2))
+    if out:
+        if budget["line_nats"] is None:
+            c.print(f"[red]no line L: nothing written to {out}[/]")
+            sys.exit(1)
+        write_budget(out, budget)
+        c.print(f"wrote {out}: L = {budget['line_nats']:.4g} nats/token ({budget['choice']})")
+    if budget["line_nats"] is None:
+        sys.exit(1)
