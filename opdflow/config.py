@@ -277,6 +277,9 @@ class ReliabilityConfig:
     stage_timeout_s: float = 300.0
     """A batch not ready this many seconds after the trainer starts waiting for it: the stage
     holding it is treated as dead (its actor is killed and restarted, its work re-issued)."""
+    startup_timeout_s: float = 600.0
+    """Every stage actor must be running this many seconds after the run starts; actors Ray
+    cannot place (too few CPUs/GPUs/custom resources) end the run with an error then."""
     max_restarts: int = 3
     """Restarts allowed per generator/rescorer/teacher/evaluator actor before the run stops."""
 
@@ -284,6 +287,7 @@ class ReliabilityConfig:
         _nonnegative(f"{path}.checkpoint_every", self.checkpoint_every)
         _positive(f"{path}.keep_checkpoints", self.keep_checkpoints)
         _positive(f"{path}.stage_timeout_s", self.stage_timeout_s)
+        _positive(f"{path}.startup_timeout_s", self.startup_timeout_s)
         _nonnegative(f"{path}.max_restarts", self.max_restarts)
 
 

@@ -132,7 +132,7 @@ class Stages:
             policy=make_policy(cfg),
             started_ray=started,
         )
-        st.await_started(cfg.reliability.stage_timeout_s)
+        st.await_started(cfg.reliability.startup_timeout_s)
         return st
 
     def actors(self) -> dict[str, Any]:

@@ -124,7 +124,7 @@ def test_a_stage_dying_past_its_restart_limit_stops_the_run_naming_it(tmp_path, 
 
 
 def test_stages_ray_cannot_place_fail_at_startup_instead_of_hanging(tmp_path, ray_local, tiny):
-    cfg = _cfg(0, ["resources.learner.num_cpus=64", "reliability.stage_timeout_s=20"])
+    cfg = _cfg(0, ["resources.learner.num_cpus=64", "reliability.startup_timeout_s=20"])
     run = RunDir.create(cfg, tmp_path / "run")
     with pytest.raises(
         StageFailed,
