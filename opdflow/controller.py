@@ -51,9 +51,9 @@ def run_pipeline(
 
     def launch(step: int, attempt: int = 0) -> None:
         v = store.latest
-        gen_refs = st.pool.submit(st.requests(step, attempt, v), store.get(v))
-        rescored = st.rescorer.rescore.remote(v, [store.get(v)], *gen_refs)
-        pending[step] = Pending(v, st.teacher.score.remote(rescored), attempt)
+        gen_refs = st.pool.submit(st.requests(step, attempt, v), store.get(v), step)
+        rescored = st.rescorer.rescore.remote(v, [store.get(v)], *gen_refs, step=step)
+        pending[step] = Pending(v, st.teacher.score.remote(rescored, step), attempt)
 
     def launch_ready() -> None:
         nonlocal next_launch
@@ -65,6 +65,7 @@ def run_pipeline(
 
     st.evaluate(0)
     launch_ready()
+    prof = st.profiler(run)  # run clock starts here, with t_start
     t_prev_end = t_start = time.perf_counter()
     t_warm = t_start if cfg.warmup_steps == 0 else None
     for step in range(steps):
@@ -113,11 +114,14 @@ def run_pipeline(
             "dropped": dropped,
             "time_s": t_end - t_start,
             "live_weight_versions": len(store.live_versions()),
+            "queue_depth": len(pending),
             **st.collect_evals(run, wait=False),
         }
+        prof.on_step(row)
         run.add_metrics(row)
         on_step(row)
     st.collect_evals(run, wait=True)
+    prof.finish(run)
     summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
     run.write_json("summary.json", summary)
     st.shutdown()

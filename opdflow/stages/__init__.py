@@ -9,6 +9,7 @@ import contextlib
 from typing import Any
 
 from opdflow.config import StageResources
+from opdflow.profiler import SpanRecorder
 
 
 def actor_options(
@@ -35,7 +36,7 @@ def pin_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
 
 
-class VersionedModel:
+class VersionedModel(SpanRecorder):
     """Mixin: a model that loads weights versions from the object store only when they change."""
 
     model: Any
@@ -48,8 +49,10 @@ class VersionedModel:
 
         from opdflow.weights import unpack
 
-        packed = ray.get(weights_box[0])
-        self._load(unpack(packed), version)
+        with self.span("fetch", version=version) as s:
+            packed = ray.get(weights_box[0])
+            self._load(unpack(packed), version)
+            s["bytes"] = packed.nbytes
 
     def _load(self, state: dict, version: int) -> None:
         self.model.load_state_dict(state, strict=True)

@@ -13,12 +13,13 @@ import torch
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine
 from opdflow.mismatch import exact_kl_per_token
+from opdflow.profiler import SpanRecorder
 from opdflow.scoring import token_logprobs
 from opdflow.stages import pin_threads
 from opdflow.task import is_correct
 
 
-class Evaluator:
+class Evaluator(SpanRecorder):
     """Standard BF16 student engine plus the teacher (a Ray actor)."""
 
     def __init__(self, student_path: str, teacher_path: str, tokenizer_path: str, threads: int):
@@ -48,7 +49,24 @@ class Evaluator:
 
             from opdflow.weights import unpack
 
-            self.engine.load_weights(unpack(ray.get(weights_box[0])), version)
+            with self.span("fetch", -1, version) as s:
+                packed = ray.get(weights_box[0])
+                self.engine.load_weights(unpack(packed), version)
+                s["bytes"] = packed.nbytes
+        with self.span("evaluator", -1, version) as s:
+            out = self._heldout(version, prompt_ids, answers, n, max_new_tokens, seed)
+            s["tokens"] = int(sum(out["tokens_P"]))
+        return out
+
+    def _heldout(
+        self,
+        version: int,
+        prompt_ids: list[list[int]],
+        answers: list,
+        n: int,
+        max_new_tokens: int,
+        seed: int,
+    ) -> dict:
         req = GenerationRequest(
             prompt_ids,
             list(range(len(prompt_ids))),

@@ -11,11 +11,12 @@ from typing import Any
 import ray
 
 from opdflow.engines.base import GenerationRequest
+from opdflow.profiler import SpanRecorder
 from opdflow.rollout import RolloutBatch
 from opdflow.stages import pin_threads
 
 
-class GeneratorWorker:
+class GeneratorWorker(SpanRecorder):
     """One rollout engine replica (a Ray actor)."""
 
     def __init__(
@@ -28,12 +29,20 @@ class GeneratorWorker:
             from opdflow.engines.torch_engine import TorchEngine as engine_cls
         self.engine = engine_cls(model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe)
 
-    def generate(self, request: GenerationRequest, weights_box: list) -> RolloutBatch:
+    def generate(
+        self, request: GenerationRequest, weights_box: list, step: int = -1
+    ) -> RolloutBatch:
         if request.version != self.engine.version:
             from opdflow.weights import unpack
 
-            self.engine.load_weights(unpack(ray.get(weights_box[0])), request.version)
-        return self.engine.generate(request)
+            with self.span("fetch", step, request.version) as s:
+                packed = ray.get(weights_box[0])
+                self.engine.load_weights(unpack(packed), request.version)
+                s["bytes"] = packed.nbytes
+        with self.span("generator", step, request.version) as s:
+            batch = self.engine.generate(request)
+            s["tokens"] = batch.num_tokens
+        return batch
 
     def ping(self) -> bool:
         return True
@@ -59,13 +68,15 @@ class GeneratorPool:
             counts[idx] += 1
         return counts
 
-    def submit(self, requests: list[GenerationRequest], weights_ref: Any) -> list[Any]:
+    def submit(
+        self, requests: list[GenerationRequest], weights_ref: Any, step: int = -1
+    ) -> list[Any]:
         """Launch each request on the least busy replica; returns the batches' ObjectRefs."""
         counts = self._load()
         refs = []
         for req in requests:
             idx = min(range(len(self.workers)), key=lambda i: counts[i])
-            ref = self.workers[idx].generate.remote(req, [weights_ref])
+            ref = self.workers[idx].generate.remote(req, [weights_ref], step)
             self._inflight[ref] = idx
             counts[idx] += 1
             refs.append(ref)

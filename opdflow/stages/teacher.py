@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from opdflow.profiler import SpanRecorder
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import token_logprobs
 from opdflow.stages import pin_threads
 
 
-class TeacherScorer:
+class TeacherScorer(SpanRecorder):
     """The fixed teacher in BF16 (a Ray actor)."""
 
     def __init__(self, model_path: str, threads: int):
@@ -19,6 +20,8 @@ class TeacherScorer:
         self.model = load_model(model_path, "bfloat16")
 
     @torch.no_grad()
-    def score(self, batch: RolloutBatch) -> RolloutBatch:
-        logp, _ = token_logprobs(self.model, batch)
+    def score(self, batch: RolloutBatch, step: int = -1) -> RolloutBatch:
+        with self.span("teacher", step, batch.version) as s:
+            s["tokens"] = batch.num_tokens
+            logp, _ = token_logprobs(self.model, batch)
         return batch.replace(logp_teacher_B_T=logp.numpy())
