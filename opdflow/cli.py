@@ -67,3 +67,8 @@ def run(pipeline: str, overrides: tuple[str, ...], steps: int | None, run_dir: s
     from opdflow.console import run_with_progress
 
     run_with_progress(cfg, run_dir)
+
+
+from opdflow.commands.sweep import sweep  # noqa: E402
+
+main.add_command(sweep)

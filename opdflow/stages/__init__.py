@@ -42,14 +42,14 @@ class VersionedModel(SpanRecorder):
     model: Any
     version: int = 0
 
-    def _ensure_version(self, version: int, weights_box: list) -> None:
+    def _ensure_version(self, version: int, weights_box: list, step: int = -1) -> None:
         if version == self.version:
             return
         import ray
 
         from opdflow.weights import unpack
 
-        with self.span("fetch", version=version) as s:
+        with self.span("fetch", step, version) as s:
             packed = ray.get(weights_box[0])
             self._load(unpack(packed), version)
             s["bytes"] = packed.nbytes

@@ -29,7 +29,7 @@ class Rescorer(VersionedModel):
     def rescore(
         self, version: int, weights_box: list, *batches: RolloutBatch, step: int = -1
     ) -> RolloutBatch:
-        self._ensure_version(version, weights_box)
+        self._ensure_version(version, weights_box, step)
         with self.span("rescorer", step, version) as s:
             batch = concat(list(batches))
             s["tokens"] = batch.num_tokens
