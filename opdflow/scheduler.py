@@ -7,7 +7,8 @@ drive it step by step. The rules, in order of precedence:
 
 1. Budget (safety, immediate): the mean d_stale measured at staleness s (recent steps)
    above `budget_nats` bans every k >= s; k drops below the ban at once.
-2. Raise: after max(2, window // 2) settled steps at this k, a trainer wait share above
+2. Raise: after max(2, window // 2) settled steps at this k (then over the last `window`
+   settled steps), a trainer wait share above
    `target_wait_share` raises k: to the k that would hide the measured generation
    latency (`_k_needed`), at least by one, unless k is at k_max or the predicted d_stale at
    k + 1 (the worst measured d_stale per staleness step, times k + 1) breaks the budget;
@@ -150,9 +151,9 @@ class AdaptiveStaleness:
                 )
         settled = self._settled()
         probing = self._probe == self._k
-        n = max(2, self.window // 2)
-        if len(settled) < n:
+        if len(settled) < max(2, self.window // 2):
             return None
+        n = min(len(settled), self.window)  # a quick first look, then a full window
         share = self._share(settled[-n:])
         # 2. raise
         if share > self.target:
