@@ -101,6 +101,9 @@ from opdflow.commands import quality as _quality  # noqa: E402
 main.add_command(_quality.compare)
 main.add_command(_quality.admit)
 main.add_command(_quality.calibrate)
+from opdflow.commands.sweep import sweep  # noqa: E402
+
+main.add_command(sweep)
 
 if __name__ == "__main__":
     main()

@@ -56,6 +56,29 @@ class Pending:
         return self.links[-1].ref
 
 
+@dataclass
+class StepClock:
+    """Step time and updates/hour after `warmup` steps, from the driver's clock."""
+
+    first_step: int
+    warmup: int
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.t_prev = self.t_start
+        self.t_warm = self.t_start if self.warmup == 0 else None
+
+    def tick(self, done_steps: int) -> tuple[float, float, float]:
+        """(step_s, updates_per_hour, seconds since start) once `done_steps` steps are done."""
+        now = time.perf_counter()
+        step_s, self.t_prev = now - self.t_prev, now
+        timed = done_steps - self.first_step - self.warmup
+        if timed == 0:
+            self.t_warm = now
+        uph = 3600 * timed / (now - self.t_warm) if timed > 0 and self.t_warm else float("nan")
+        return step_s, uph, now - self.t_start
+
+
 def run_pipeline(
     cfg: PipelineConfig,
     run: RunDir,
@@ -69,16 +92,17 @@ def run_pipeline(
     try:
         st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
         on_start(st)
-        policy, store, rel = st.policy, st.store, cfg.reliability
-        steps, first = cfg.train.steps, st.restore(resume, run)
+        policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
+        first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
         dropped, next_launch = (resume.state["dropped"] if resume else 0), first
 
         def launch(step: int, attempt: int = 0) -> None:
             v = store.latest
-            gen = st.pool.submit(st.requests(step, attempt, v), store.get(v))
-            rescored = st.rescorer.rescore.remote(v, [store.get(v)], *[link.ref for link in gen])
-            scored = st.teacher.score.remote(rescored)
+            gen = st.pool.submit(st.requests(step, attempt, v), store.get(v), step)
+            refs = [link.ref for link in gen]
+            rescored = st.rescorer.rescore.remote(v, [store.get(v)], *refs, step=step)
+            scored = st.teacher.score.remote(rescored, step)
             links = [
                 *gen,
                 Link("rescorer", st.rescorer, rescored),
@@ -98,16 +122,14 @@ def run_pipeline(
         if first == 0:
             st.evaluate(0)
         launch_ready()
-        t_prev_end = t_start = time.perf_counter()
-        warm = first + cfg.warmup_steps
-        t_warm = t_start if cfg.warmup_steps == 0 else None
+        prof = st.profiler(run)  # the run clock starts here
+        clock = StepClock(first, cfg.warmup_steps)
         with stop_on_signals() as stop:
             for step in range(first, steps):
                 while True:  # trainer wait: until this step's batch is scored and within the bound
                     job = pending.pop(step)
-                    wait_s = await_links(
-                        job.links, rel.stage_timeout_s, lambda s: run.event("timeout", stage=s)
-                    )
+                    on_timeout = lambda stage: run.event("timeout", stage=stage)  # noqa: E731
+                    wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout)
                     if within_bound(step, job.version, policy.k):
                         break
                     dropped += 1
@@ -118,58 +140,37 @@ def run_pipeline(
                 except RayError as exc:
                     raise diagnose(job.links, exc) from exc
                 store.publish(step + 1, out.pop("weights")[0])
-                t_end = time.perf_counter()
-                step_s, t_prev_end = t_end - t_prev_end, t_end
-                if step + 1 == warm:
-                    t_warm = t_end
-                uph = (
-                    3600 * (step + 1 - warm) / (t_end - t_warm)
-                    if t_warm and step + 1 > warm
-                    else float("nan")
-                )
+                step_s, uph, elapsed = clock.tick(step + 1)
                 staleness = step - job.version
-                decision = policy.observe(
-                    StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
-                )
-                if decision is not None:
+                obs = StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
+                if (decision := policy.observe(obs)) is not None:
                     run.event("staleness", **dataclasses.asdict(decision))
                 if out["bad_steps"] > cfg.train.max_bad_steps:
-                    raise StageFailed(
-                        "learner",
-                        f"{out['bad_steps']} steps had a non-finite loss (train.max_bad_steps="
-                        f"{cfg.train.max_bad_steps})",
-                        "lower train.lr or check the models",
-                    )
+                    raise StageFailed("learner", f"{out['bad_steps']} steps had a non-finite loss "
+                                      f"(train.max_bad_steps={cfg.train.max_bad_steps})",
+                                      "lower train.lr or check the models")  # fmt: skip
                 launch_ready()
                 store.release_below(min([p.version for p in pending.values()] + [store.latest]))
                 if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
                     st.evaluate(step + 1)
                 row = {
-                    "step": step,
-                    "version": job.version,
-                    "staleness": staleness,
-                    "k": policy.k,
-                    **out,
-                    "trainer_wait_s": wait_s,
-                    "step_s": step_s,
-                    "updates_per_hour": uph,
-                    "dropped": dropped,
-                    "time_s": t_end - t_start,
+                    "step": step, "version": job.version, "staleness": staleness, "k": policy.k,
+                    **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
+                    "dropped": dropped, "time_s": elapsed, "queue_depth": len(pending),
                     "live_weight_versions": len(store.live_versions()),
                     **st.collect_evals(run, wait=False),
-                }
+                }  # fmt: skip
+                prof.on_step(row)
                 trackers.log_metrics(step, row)
                 on_step(row)
-                every = rel.checkpoint_every
-                if stop.requested or (every and (step + 1) % every == 0 and step + 1 < steps):
+                if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
                     st.collect_evals(run, wait=True)
                     st.checkpoint(run, step + 1, {"dropped": dropped})
                     if stop.requested:
-                        raise StopRequested(
-                            f"stopped after step {step} (checkpoint written); resume with "
-                            f"--resume {run.path}"
-                        )
+                        raise StopRequested(f"stopped after step {step} (checkpoint written); "
+                                            f"resume with --resume {run.path}")  # fmt: skip
         st.collect_evals(run, wait=True)
+        prof.finish(run)
         st.checkpoint(run, steps, {"dropped": dropped})
         summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
         run.write_json("summary.json", summary)
@@ -178,6 +179,10 @@ def run_pipeline(
         trackers.close()
         if st is not None:
             st.shutdown()
+
+
+def _checkpoint_due(done: int, every: int, steps: int) -> bool:
+    return bool(every) and done % every == 0 and done < steps
 
 
 def summarize(run: RunDir, record: list, dropped: int) -> dict:

@@ -92,6 +92,10 @@ class RunDir:
         self.metrics.append(row)
         _write_table(self.path / "metrics.parquet", self.metrics)
 
+    def rewrite_metrics(self) -> None:
+        """Rewrite metrics.parquet after rows were completed in place (the profiler's columns)."""
+        _write_table(self.path / "metrics.parquet", self.metrics)
+
     def add_heldout(self, rows: list[dict[str, Any]]) -> None:
         self.heldout.extend(rows)
         _write_table(self.path / "heldout.parquet", self.heldout)

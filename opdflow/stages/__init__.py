@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from opdflow.config import StageResources
+from opdflow.profiler import SpanRecorder
 
 
 def actor_options(
@@ -38,7 +39,7 @@ def pin_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
 
 
-class StageActor:
+class StageActor(SpanRecorder):
     """Mixin of every stage actor."""
 
     def pid(self) -> int:
@@ -52,15 +53,17 @@ class VersionedModel(StageActor):
     model: Any
     version: int = 0
 
-    def _ensure_version(self, version: int, weights_box: list) -> None:
+    def _ensure_version(self, version: int, weights_box: list, step: int = -1) -> None:
         if version == self.version:
             return
         import ray
 
         from opdflow.weights import unpack
 
-        packed = ray.get(weights_box[0])
-        self._load(unpack(packed), version)
+        with self.span("fetch", step, version) as s:
+            packed = ray.get(weights_box[0])
+            self._load(unpack(packed), version)
+            s["bytes"] = packed.nbytes
 
     def _load(self, state: dict, version: int) -> None:
         self.model.load_state_dict(state, strict=True)

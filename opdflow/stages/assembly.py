@@ -19,6 +19,7 @@ from opdflow.config import PipelineConfig, StageResources
 from opdflow.data import PromptSampler, PromptSet, load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.models import resolve_models
+from opdflow.profiler import Profiler
 from opdflow.raycluster import connect
 from opdflow.rundir import RunDir
 from opdflow.stages import actor_options
@@ -255,6 +256,17 @@ class Stages:
                 "heldout_accuracy": res["accuracy"],
             }
         return latest
+
+    def profiler(self, run: RunDir) -> Profiler:
+        """The run's profiler over every actor (its clock starts now)."""
+        actors = {f"generator/{i}": w for i, w in enumerate(self.pool.workers)}
+        actors.update(
+            rescorer=self.rescorer,
+            teacher=self.teacher,
+            learner=self.learner,
+            evaluator=self.evaluator,
+        )
+        return Profiler(run.path, actors, run_name=self.cfg.name)
 
     def shutdown(self) -> None:
         for actor in self.actors().values():

@@ -48,7 +48,24 @@ class Evaluator(StageActor):
 
             from opdflow.weights import unpack
 
-            self.engine.load_weights(unpack(ray.get(weights_box[0])), version)
+            with self.span("fetch", -1, version) as s:
+                packed = ray.get(weights_box[0])
+                self.engine.load_weights(unpack(packed), version)
+                s["bytes"] = packed.nbytes
+        with self.span("evaluator", -1, version) as s:
+            out = self._heldout(version, prompt_ids, answers, n, max_new_tokens, seed)
+            s["tokens"] = int(sum(out["tokens_P"]))
+        return out
+
+    def _heldout(
+        self,
+        version: int,
+        prompt_ids: list[list[int]],
+        answers: list,
+        n: int,
+        max_new_tokens: int,
+        seed: int,
+    ) -> dict:
         req = GenerationRequest(
             prompt_ids,
             list(range(len(prompt_ids))),

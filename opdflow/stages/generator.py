@@ -29,12 +29,20 @@ class GeneratorWorker(StageActor):
             from opdflow.engines.torch_engine import TorchEngine as engine_cls
         self.engine = engine_cls(model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe)
 
-    def generate(self, request: GenerationRequest, weights_box: list) -> RolloutBatch:
+    def generate(
+        self, request: GenerationRequest, weights_box: list, step: int = -1
+    ) -> RolloutBatch:
         if request.version != self.engine.version:
             from opdflow.weights import unpack
 
-            self.engine.load_weights(unpack(ray.get(weights_box[0])), request.version)
-        return self.engine.generate(request)
+            with self.span("fetch", step, request.version) as s:
+                packed = ray.get(weights_box[0])
+                self.engine.load_weights(unpack(packed), request.version)
+                s["bytes"] = packed.nbytes
+        with self.span("generator", step, request.version) as s:
+            batch = self.engine.generate(request)
+            s["tokens"] = batch.num_tokens
+        return batch
 
 
 class GeneratorPool:
@@ -57,13 +65,15 @@ class GeneratorPool:
             counts[idx] += 1
         return counts
 
-    def submit(self, requests: list[GenerationRequest], weights_ref: Any) -> list[Link]:
+    def submit(
+        self, requests: list[GenerationRequest], weights_ref: Any, step: int = -1
+    ) -> list[Link]:
         """Launch each request on the least busy replica; returns one Link per request."""
         counts = self._load()
         links = []
         for req in requests:
             idx = min(range(len(self.workers)), key=lambda i: counts[i])
-            ref = self.workers[idx].generate.remote(req, [weights_ref])
+            ref = self.workers[idx].generate.remote(req, [weights_ref], step)
             self._inflight[ref] = idx
             counts[idx] += 1
             links.append(Link(f"generator[{idx}]", self.workers[idx], ref))

@@ -51,8 +51,11 @@ class Learner(StageActor):
     def publish(self) -> list:
         """ray.put the current weights in BF16; returned boxed so the driver holds the ref."""
         t0 = time.perf_counter()
-        state = {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
-        ref = ray.put(pack(state, self.version))
+        with self.span("publish", self.version - 1, self.version) as s:
+            state = {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+            packed = pack(state, self.version)
+            ref = ray.put(packed)
+            s["bytes"] = packed.nbytes
         return [ref, time.perf_counter() - t0]
 
     def train_step(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
@@ -60,7 +63,7 @@ class Learner(StageActor):
             raise RuntimeError(
                 f"learner is at version {self.version} but was asked to train step {step}"
             )
-        t0 = time.perf_counter()
+        t_epoch, t0 = time.time(), time.perf_counter()
         mask = torch.tensor(batch.response_mask_B_T)
         logp_learner, _ = token_logprobs(self.model, batch)
         logp_teacher = torch.tensor(batch.logp_teacher_B_T)
@@ -87,6 +90,7 @@ class Learner(StageActor):
         self.version = step + 1
         self.trained_steps.append((step, batch.version))
         train_s = time.perf_counter() - t0
+        self.add_span("learner", step, batch.version, t_epoch, train_s, batch.num_tokens)
         weights = self.publish()
         return {
             **stats,

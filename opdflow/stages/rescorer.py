@@ -26,9 +26,16 @@ class Rescorer(VersionedModel):
         self.version = 0
 
     @torch.no_grad()
-    def rescore(self, version: int, weights_box: list, *batches: RolloutBatch) -> RolloutBatch:
-        self._ensure_version(version, weights_box)
-        batch = concat(list(batches))
+    def rescore(
+        self, version: int, weights_box: list, *batches: RolloutBatch, step: int = -1
+    ) -> RolloutBatch:
+        self._ensure_version(version, weights_box, step)
+        with self.span("rescorer", step, version) as s:
+            batch = concat(list(batches))
+            s["tokens"] = batch.num_tokens
+            return self._rescore(batch)
+
+    def _rescore(self, batch: RolloutBatch) -> RolloutBatch:
         want = batch.logdist_engine_B_T_V is not None
         logp, logdist = token_logprobs(self.model, batch, self.temperature, want_logdist=want)
         kl = None

@@ -19,6 +19,8 @@ class TeacherScorer(StageActor):
         self.model = load_model(model_path, "bfloat16")
 
     @torch.no_grad()
-    def score(self, batch: RolloutBatch) -> RolloutBatch:
-        logp, _ = token_logprobs(self.model, batch)
+    def score(self, batch: RolloutBatch, step: int = -1) -> RolloutBatch:
+        with self.span("teacher", step, batch.version) as s:
+            s["tokens"] = batch.num_tokens
+            logp, _ = token_logprobs(self.model, batch)
         return batch.replace(logp_teacher_B_T=logp.numpy())
