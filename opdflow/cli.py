@@ -67,3 +67,9 @@ def run(pipeline: str, overrides: tuple[str, ...], steps: int | None, run_dir: s
     from opdflow.console import run_with_progress
 
     run_with_progress(cfg, run_dir)
+
+
+from opdflow.commands import measure as _measure_cmds  # noqa: E402
+
+main.add_command(_measure_cmds.measure)
+main.add_command(_measure_cmds.attribute)

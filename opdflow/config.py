@@ -179,6 +179,12 @@ class EngineConfig:
         _positive(f"{path}.max_new_tokens", self.max_new_tokens)
         if not isinstance(self.recipe, str) or not self.recipe.strip():
             _fail(f"{path}.recipe", self.recipe, 'a recipe name such as "bf16"')
+        from opdflow.engines.recipes import parse_recipe
+
+        try:
+            parse_recipe(self.recipe)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}.recipe: {exc}") from exc
 
 
 @dataclass

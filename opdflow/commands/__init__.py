@@ -1,0 +1,1 @@
+"""CLI command modules, one per topic, registered in opdflow/cli.py."""
