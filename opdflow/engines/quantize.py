@@ -36,8 +36,12 @@ def decoder_linears(model: torch.nn.Module, layers: set[int]) -> list[tuple[str,
 
 
 def modelopt_available() -> bool:
+    import warnings
+
     try:
-        import modelopt.torch.quantization  # noqa: F401
+        with warnings.catch_warnings():  # 0.47 warns that transformers 5.24 is untested
+            warnings.simplefilter("ignore", UserWarning)
+            import modelopt.torch.quantization  # noqa: F401
     except Exception:  # any import failure means "use the emulation"
         return False
     return True

@@ -335,7 +335,11 @@ def modelopt_quant_cfg(recipe: Recipe | str, num_layers: int) -> dict[str, Any]:
     if opts["modelopt_base"] is None:
         raise ConfigError(f"recipe {recipe!r} has no Model Optimizer weight config")
     cfg = copy.deepcopy(getattr(mtq, opts["modelopt_base"]))
-    cfg["quant_cfg"] = list(cfg["quant_cfg"]) + opts["modelopt_extra"]
+    if isinstance(cfg["quant_cfg"], dict):  # modelopt <= 0.42: a pattern -> settings dict
+        for entry in opts["modelopt_extra"]:
+            cfg["quant_cfg"][entry["quantizer_name"]] = {"enable": entry["enable"]}
+    else:  # 0.47: a list of entries applied in order, later wins
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + opts["modelopt_extra"]
     if opts["modelopt_kv"]:
         kv = getattr(mtq, opts["modelopt_kv"])["quant_cfg"]
         cfg = mtq.utils.update_quant_cfg_with_kv_cache_quant(cfg, kv)
