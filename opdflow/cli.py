@@ -105,5 +105,10 @@ from opdflow.commands.sweep import sweep  # noqa: E402
 
 main.add_command(sweep)
 
+from opdflow.commands import measure as _measure_cmds  # noqa: E402
+
+main.add_command(_measure_cmds.measure)
+main.add_command(_measure_cmds.attribute)
+
 if __name__ == "__main__":
     main()

@@ -24,3 +24,20 @@ def synchronous() -> PipelineConfig:
     cfg.name = "tiny-cpu-sync"
     cfg.staleness.k = 0
     return cfg
+
+
+def planted() -> PipelineConfig:
+    """A planted sensitivity like the paper's 7B student: a large key-projection bias in layer 0.
+
+    The tiny models train with 30 added to layer 0's k_proj bias (Qwen2 has no q/k norm), so
+    layer 0's keys sit far from zero and an FP8 KV cache loses most of their information:
+    `opdflow attribute pipelines/tiny_cpu.py:planted --recipe fp8_kv` shows layer 0.
+    Its own cached build (a different recipe hash), a few minutes the first time: a shorter
+    schedule (700 steps) and an earlier student (first checkpoint at 5% greedy accuracy).
+    """
+    cfg = pipeline()
+    cfg.name = "tiny-cpu-planted"
+    cfg.models.tiny.key_bias_layer0 = 30.0
+    cfg.models.tiny.teacher_steps = 700
+    cfg.models.tiny.student_accuracy = 0.05
+    return cfg

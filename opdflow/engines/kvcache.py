@@ -1,0 +1,56 @@
+"""A quantizing KV cache: transformers' DynamicCache whose chosen layers store E4M3 states.
+
+Quantize on write, dequantize on read: each new key/value chunk is fake-quantized to FP8
+E4M3 before it is appended, so attention (the prefill's included) always reads the
+stored low-precision states, as on an FP8-KV engine. Scale: per tensor, one for keys and
+one for values per layer, set from the amax of the first write (the prompt prefill) and
+then frozen like a calibrated static scale; later writes beyond +-448 * scale saturate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from opdflow.engines.fakequant import fake_fp8, fp8_scale
+
+
+class FP8WriteLayer(DynamicLayer):
+    """A DynamicLayer that fake-quantizes keys and/or values to E4M3 as they are written."""
+
+    def __init__(self, keys: bool = True, values: bool = True, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.quantize_keys, self.quantize_values = keys, values
+        self.key_scale: torch.Tensor | None = None
+        self.value_scale: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.quantize_keys:
+            if self.key_scale is None:
+                self.key_scale = fp8_scale(key_states)
+            key_states = fake_fp8(key_states, self.key_scale)
+        if self.quantize_values:
+            if self.value_scale is None:
+                self.value_scale = fp8_scale(value_states)
+            value_states = fake_fp8(value_states, self.value_scale)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
+def quantized_cache(
+    model_config: Any, layers: set[int], keys: bool = True, values: bool = True
+) -> DynamicCache:
+    """A DynamicCache for `model_config` whose `layers` write E4M3 keys and/or values."""
+    cache = DynamicCache(config=model_config)
+    for i in sorted(layers):
+        if type(cache.layers[i]) is not DynamicLayer:
+            raise NotImplementedError(
+                f"fp8_kv: layer {i} uses {type(cache.layers[i]).__name__}; only full-attention "
+                "DynamicLayer caches are quantized"
+            )
+        cache.layers[i] = FP8WriteLayer(keys=keys, values=values)
+    return cache

@@ -1,0 +1,108 @@
+"""Recipes on the real tiny student: Model Optimizer vs emulation, the KV cache, the layers."""
+
+import pytest
+import torch
+
+from opdflow.engines.fakequant import fake_fp8
+from opdflow.engines.kvcache import FP8WriteLayer, quantized_cache
+from opdflow.engines.torch_engine import TorchEngine
+from opdflow.models import load_model
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny, tokenizer):
+    from opdflow.data import load_prompts
+
+    p = load_prompts(tiny.heldout, tokenizer, limit=16)
+    return torch.tensor(p.token_ids)  # the tiny prompts all have the same length
+
+
+def _engine(tiny, tokenizer, recipe):
+    return TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id, recipe)
+
+
+@torch.no_grad()
+def test_modelopt_fp8_agrees_with_the_torch_emulation(tiny, tokenizer, inputs):
+    pytest.importorskip("modelopt.torch.quantization")
+    mo = _engine(tiny, tokenizer, "fp8(impl=modelopt)")
+    emu = _engine(tiny, tokenizer, "fp8(impl=torch)")
+    assert type(mo.model.model.layers[0].self_attn.q_proj).__name__ == "QuantLinear"
+    ref = load_model(str(tiny.student))
+    lp_mo = torch.log_softmax(mo.model(input_ids=inputs).logits.float(), -1)
+    lp_emu = torch.log_softmax(emu.model(input_ids=inputs).logits.float(), -1)
+    lp_ref = torch.log_softmax(ref(input_ids=inputs).logits.float(), -1)
+    kl_agree = (lp_mo.exp() * (lp_mo - lp_emu)).sum(-1).mean().item()
+    kl_fp8 = (lp_mo.exp() * (lp_mo - lp_ref)).sum(-1).mean().item()
+    assert kl_fp8 > 1e-4  # fp8 visibly changes the model...
+    # ...and both implementations change it the same way. Not bit for bit: a one-ulp bf16
+    # difference in a weight flips an FP8 rounding of the next input, and that propagates.
+    assert kl_agree < 0.15 * kl_fp8, (kl_agree, kl_fp8)
+    assert (lp_mo.argmax(-1) == lp_emu.argmax(-1)).float().mean() > 0.97
+    # layer by layer on the same input the two are identical up to such rare flips
+    gen = torch.Generator().manual_seed(0)
+    exact = 0
+    linears = [(n, m) for n, m in mo.model.named_modules() if n.endswith("proj")]
+    for name, lin in linears:
+        h = (torch.randn(2, 5, lin.in_features, generator=gen) * 2).bfloat16()
+        a, b = lin(h).float(), emu.model.get_submodule(name)(h).float()
+        assert (a - b).abs().max() <= 0.02 * a.abs().max(), name
+        exact += bool(torch.equal(a, b))
+    assert exact >= 0.8 * len(linears)
+    # reloading weights keeps the modelopt engine right (weight amax follows the weights)
+    mo.load_weights(ref.state_dict(), version=1)
+    lp_again = torch.log_softmax(mo.model(input_ids=inputs).logits.float(), -1)
+    assert torch.allclose(lp_again, lp_mo, atol=1e-5)
+
+
+@torch.no_grad()
+def test_weight_recipes_touch_only_the_chosen_layers(tiny, tokenizer):
+    ref = load_model(str(tiny.student)).state_dict()
+    eng = _engine(tiny, tokenizer, "nvfp4(layers=[1])")
+    got = eng.model.state_dict()
+    for name, w in ref.items():
+        changed = not torch.equal(got[name], w)
+        assert changed == (".layers.1." in name and name.endswith("proj.weight")), name
+    noisy = _engine(tiny, tokenizer, "noise(0.1, bf16_layers=[0])").model.state_dict()
+    assert torch.equal(
+        noisy["model.layers.0.mlp.up_proj.weight"], ref["model.layers.0.mlp.up_proj.weight"]
+    )
+    assert not torch.equal(
+        noisy["model.layers.2.mlp.up_proj.weight"], ref["model.layers.2.mlp.up_proj.weight"]
+    )
+
+
+def _on_grid(x: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Stored states are E4M3 values times the scale, in bf16: quantizing them is a no-op."""
+    return bool(torch.equal(fake_fp8(x, scale), x))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(("keys", "values"), [(True, True), (True, False), (False, True)])
+def test_fp8_kv_cache_stores_e4m3_states_in_the_chosen_layers(tiny, inputs, keys, values):
+    model = load_model(str(tiny.student))
+    cache = quantized_cache(model.config, {0}, keys=keys, values=values)
+    model(input_ids=inputs[:, :-1], use_cache=True, cache=cache)
+    model(input_ids=inputs[:, -1:], use_cache=True, cache=cache)
+    layer0, layer1 = cache.layers[0], cache.layers[1]
+    assert isinstance(layer0, FP8WriteLayer) and not isinstance(layer1, FP8WriteLayer)
+    assert layer0.keys.shape[-2] == inputs.shape[1]  # prefill and the decode write
+    if keys:
+        assert _on_grid(layer0.keys, layer0.key_scale)
+        assert not _on_grid(layer1.keys, layer0.key_scale)
+    else:
+        assert layer0.key_scale is None
+    if values:
+        assert _on_grid(layer0.values, layer0.value_scale)
+    else:
+        assert layer0.value_scale is None
+
+
+def test_recipe_through_the_engine_builds_the_quantizing_cache(tiny, tokenizer):
+    eng = _engine(tiny, tokenizer, "fp8_kv(kv_bf16_layers=[0])")
+    cache = eng.recipe.make_cache(eng.model.config)
+    assert [type(c).__name__ for c in cache.layers] == [
+        "DynamicLayer",
+        "FP8WriteLayer",
+        "FP8WriteLayer",
+    ]
+    assert _engine(tiny, tokenizer, "fp8").recipe.make_cache(eng.model.config) is None
