@@ -41,3 +41,21 @@ def planted() -> PipelineConfig:
     cfg.models.tiny.teacher_steps = 700
     cfg.models.tiny.student_accuracy = 0.05
     return cfg
+
+
+def adaptive() -> PipelineConfig:
+    """The same run with the adaptive staleness policy: k starts at 0, at most 8."""
+    cfg = pipeline()
+    cfg.name = "tiny-cpu-adaptive"
+    cfg.staleness.policy = "adaptive"
+    cfg.staleness.k = 0
+    cfg.staleness.k_max = 8
+    return cfg
+
+
+def llama() -> PipelineConfig:
+    """The same task with tiny Llama-architecture models (no q/k/v bias); its own cached build."""
+    cfg = pipeline()
+    cfg.name = "tiny-cpu-llama"
+    cfg.models.tiny.arch = "llama"
+    return cfg
