@@ -67,3 +67,11 @@ def run(pipeline: str, overrides: tuple[str, ...], steps: int | None, run_dir: s
     from opdflow.console import run_with_progress
 
     run_with_progress(cfg, run_dir)
+
+
+from opdflow.commands import jobs as _jobs  # noqa: E402
+
+main.add_command(_jobs.submit)
+main.add_command(_jobs.status)
+main.add_command(_jobs.logs)
+main.add_command(_jobs.stop)

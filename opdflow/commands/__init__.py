@@ -1,0 +1,1 @@
+"""CLI commands grouped by topic; cli.py registers each with one line."""
