@@ -92,6 +92,8 @@ def run_pipeline(
         )
         if decision is not None:
             run.event("staleness", **dataclasses.asdict(decision))
+        for change in st.pool.rescale(decision is not None and decision.want_more_generators):
+            run.event("generator_pool", step=step, **change)
         if out["bad_steps"] > cfg.train.max_bad_steps:
             raise RuntimeError(
                 f"learner: {out['bad_steps']} steps had a non-finite loss (train.max_bad_steps="
@@ -113,6 +115,7 @@ def run_pipeline(
             "dropped": dropped,
             "time_s": t_end - t_start,
             "live_weight_versions": len(store.live_versions()),
+            "generator_replicas": st.pool.status()["ready"],
             **st.collect_evals(run, wait=False),
         }
         run.add_metrics(row)

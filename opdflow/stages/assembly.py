@@ -77,13 +77,15 @@ class Stages:
                 f"eval.prompts = {cfg.eval.prompts} but {paths.heldout} has only {len(heldout_set)} rows"
             )
         r = cfg.resources
-        needed = r.generator.num_cpus * cfg.engine.replicas + sum(
+        most = max(cfg.engine.replicas, cfg.engine.max_replicas or 0)
+        needed = r.generator.num_cpus * most + sum(
             s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator)
         )
         started = connect(needed)
         e = cfg.engine
-        workers = [
-            _actor(
+
+        def make_worker() -> Any:
+            return _actor(
                 GeneratorWorker,
                 r.generator,
                 paths.student,
@@ -93,11 +95,13 @@ class Stages:
                 e.recipe,
                 r.generator.torch_threads,
             )
-            for _ in range(e.replicas)
-        ]
+
+        workers = [make_worker() for _ in range(e.replicas)]
         st = cls(
             cfg=cfg,
-            pool=GeneratorPool(workers),
+            pool=GeneratorPool(
+                workers, make_worker, e.min_replicas, e.max_replicas, e.scale_down_idle_s
+            ),
             rescorer=_actor(
                 Rescorer, r.rescorer, paths.student, r.rescorer.torch_threads, e.temperature
             ),
