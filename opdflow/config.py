@@ -168,7 +168,9 @@ class EngineConfig:
     queued work exceeds the ready replicas (None = replicas). On a cluster, replicas beyond
     the running nodes stay pending until the Ray autoscaler adds a node for them."""
     scale_down_idle_s: float = 30.0
-    """A replica idle this many seconds is retired (down to min_replicas), in seconds."""
+    """Grace period, in seconds: a replica is retired (down to min_replicas) once, over the
+    last this-many seconds, the other replicas could have done all the generation at most
+    70% busy; it finishes its in-flight work first. Also the minimum time between resizes."""
     temperature: float = 1.0
     """Sampling temperature; logprobs are those of the distribution actually sampled from."""
     top_p: float = 1.0
