@@ -110,5 +110,12 @@ from opdflow.commands import measure as _measure_cmds  # noqa: E402
 main.add_command(_measure_cmds.measure)
 main.add_command(_measure_cmds.attribute)
 
+from opdflow.commands import jobs as _jobs  # noqa: E402
+
+main.add_command(_jobs.submit)
+main.add_command(_jobs.status)
+main.add_command(_jobs.logs)
+main.add_command(_jobs.stop)
+
 if __name__ == "__main__":
     main()

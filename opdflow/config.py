@@ -160,7 +160,17 @@ class EngineConfig:
     recipe: str = "bf16"
     """Precision recipe of the rollout engine, e.g. "bf16", "fp8", "noise(0.15)"."""
     replicas: int = 1
-    """Generator actors in the pool."""
+    """Generator actors in the pool at the start."""
+    min_replicas: int | None = None
+    """Fewest generator actors the pool shrinks to (None = replicas: a fixed-size pool)."""
+    max_replicas: int | None = None
+    """Most generator actors the pool grows to when the scheduler asks for more generation or
+    queued work exceeds the ready replicas (None = replicas). On a cluster, replicas beyond
+    the running nodes stay pending until the Ray autoscaler adds a node for them."""
+    scale_down_idle_s: float = 30.0
+    """Grace period, in seconds: a replica is retired (down to min_replicas) once, over the
+    last this-many seconds, the other replicas could have done all the generation at most
+    70% busy; it finishes its in-flight work first. Also the minimum time between resizes."""
     temperature: float = 1.0
     """Sampling temperature; logprobs are those of the distribution actually sampled from."""
     top_p: float = 1.0
@@ -173,6 +183,13 @@ class EngineConfig:
     def validate(self, path: str) -> None:
         _one_of(f"{path}.kind", self.kind, ("torch", "vllm"))
         _positive(f"{path}.replicas", self.replicas)
+        lo = self.replicas if self.min_replicas is None else self.min_replicas
+        hi = self.replicas if self.max_replicas is None else self.max_replicas
+        if isinstance(lo, int) and not 1 <= lo <= self.replicas:
+            _fail(f"{path}.min_replicas", lo, f"an integer in [1, replicas={self.replicas}]")
+        if isinstance(hi, int) and hi < self.replicas:
+            _fail(f"{path}.max_replicas", hi, f"an integer >= replicas={self.replicas}")
+        _positive(f"{path}.scale_down_idle_s", self.scale_down_idle_s)
         _positive(f"{path}.temperature", self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             _fail(f"{path}.top_p", self.top_p, "a number in (0, 1]")

@@ -145,6 +145,9 @@ def run_pipeline(
                 obs = StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
                 if (decision := policy.observe(obs)) is not None:
                     run.event("staleness", **dataclasses.asdict(decision))
+                more = decision is not None and decision.want_more_generators
+                for change in st.pool.rescale(more):
+                    run.event("generator_pool", step=step, **change)
                 if out["bad_steps"] > cfg.train.max_bad_steps:
                     raise StageFailed("learner", f"{out['bad_steps']} steps had a non-finite loss "
                                       f"(train.max_bad_steps={cfg.train.max_bad_steps})",
@@ -158,6 +161,7 @@ def run_pipeline(
                     **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
                     "dropped": dropped, "time_s": elapsed, "queue_depth": len(pending),
                     "live_weight_versions": len(store.live_versions()),
+                    "generator_replicas": st.pool.status()["ready"],
                     **st.collect_evals(run, wait=False),
                 }  # fmt: skip
                 prof.on_step(row)

@@ -274,9 +274,9 @@ def vllm_options(recipe: Recipe | str, num_layers: int | None = None) -> dict[st
     "modelopt_base", "modelopt_extra", "modelopt_kv", "weight_transform", "exact"}: vLLM's `quantization`
     (None, "fp8" or "modelopt_fp4"), `kv_cache_dtype` ("auto" or "fp8"), decoder layers kept
     in BF16, Model Optimizer's base config name plus entries appended to its quant_cfg
-    list (0.47 format), the KV config to merge with update_quant_cfg_with_kv_cache_quant, a weight transform vLLM cannot express (noise: apply to the
-    weights before loading them), and whether vLLM reproduces the recipe exactly (keys- or
-    values-only KV and per-layer KV escapes have no vLLM option).
+    list (0.47 format), the KV config to merge with update_quant_cfg_with_kv_cache_quant, a
+    weight transform vLLM cannot express (noise: apply to the weights before loading them),
+    and whether vLLM reproduces the recipe exactly (keys- or values-only KV has no vLLM option).
     """
     recipe = parse_recipe(recipe) if isinstance(recipe, str) else recipe
     n = num_layers
@@ -313,8 +313,8 @@ def vllm_options(recipe: Recipe | str, num_layers: int | None = None) -> dict[st
             out["ignored_layers"] = kept(part)
         elif part.name == "fp8_kv":
             out["kv_cache_dtype"] = "fp8"
-            out["kv_cache_bf16_layers"] = kept(part)
-            if part.arg("keys_only") or part.arg("values_only") or out["kv_cache_bf16_layers"]:
+            out["kv_cache_bf16_layers"] = kept(part)  # vLLM: kv_cache_dtype_skip_layers
+            if part.arg("keys_only") or part.arg("values_only"):
                 out["exact"] = False
             out["modelopt_kv"] = "FP8_KV_CFG"
         elif part.name == "noise":

@@ -82,20 +82,26 @@ class Stages:
                 f"eval.prompts = {cfg.eval.prompts} but {paths.heldout} has only {len(heldout_set)} rows"
             )
         r = cfg.resources
-        needed = r.generator.num_cpus * cfg.engine.replicas + sum(
+        most = max(cfg.engine.replicas, cfg.engine.max_replicas or 0)
+        needed = r.generator.num_cpus * most + sum(
             s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator)
         )
         started = connect(needed)
         e, restarts = cfg.engine, cfg.reliability.max_restarts
         gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
-        workers = [
-            _actor(GeneratorWorker, r.generator, restarts, *gen_args, r.generator.torch_threads)
-            for _ in range(e.replicas)
-        ]
+
+        def make_worker() -> Any:
+            return _actor(
+                GeneratorWorker, r.generator, restarts, *gen_args, r.generator.torch_threads
+            )
+
+        workers = [make_worker() for _ in range(e.replicas)]
         exact = len(tok) <= e.exact_kl_max_vocab
         st = cls(
             cfg=cfg,
-            pool=GeneratorPool(workers),
+            pool=GeneratorPool(
+                workers, make_worker, e.min_replicas, e.max_replicas, e.scale_down_idle_s
+            ),
             rescorer=_actor(
                 Rescorer,
                 r.rescorer,

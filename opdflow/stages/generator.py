@@ -2,10 +2,20 @@
 
 A step's prompt groups are split across replicas (least busy first); each replica
 fetches the weights version it is told to use from the object store only when it changes.
+The pool keeps between min and max replicas: it adds one when the scheduler asks for more
+generation or queued work exceeds the ready replicas, and retires a replica idle for a
+grace period. A new replica is created without waiting (on a cluster its resource request
+is what makes the autoscaler add a node), loads the newest weights, and gets work only once
+ready; a retiring replica gets no new work and is killed only after its in-flight work is
+done, so nothing is lost and training never pauses for a resize.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -44,40 +54,213 @@ class GeneratorWorker(StageActor):
             s["tokens"] = batch.num_tokens
         return batch
 
+    def generate_timed(
+        self, request: GenerationRequest, weights_box: list, step: int = -1
+    ) -> tuple[RolloutBatch, float]:
+        """generate() plus its busy seconds (a second, tiny return the pool sizes itself by)."""
+        t0 = time.perf_counter()
+        batch = self.generate(request, weights_box, step)
+        return batch, time.perf_counter() - t0
+
+    def load(self, version: int, weights_box: list) -> int:
+        """Fetch a weights version now (a new replica joining); returns the loaded version."""
+        if version != self.engine.version:
+            from opdflow.weights import unpack
+
+            self.engine.load_weights(unpack(ray.get(weights_box[0])), version)
+        return self.engine.version
+
+    def ping(self) -> bool:
+        return True
+
+
+@dataclass
+class Replica:
+    """One replica as the pool sees it."""
+
+    handle: Any
+    ready_ref: Any
+    """ObjectRef of the replica's first call; done = the actor is placed and loaded."""
+    ready: bool = False
+    retiring: bool = False
+    inflight: dict = field(default_factory=dict)
+    """In-flight batch ref -> its busy-seconds ref."""
+    last_busy: float = 0.0
+    created: float = 0.0
+
 
 class GeneratorPool:
-    """Driver-side handle on N generator replicas; routes chunks to the least busy one."""
+    """Driver-side handle on the generator replicas: routing, growth and retirement.
 
-    def __init__(self, workers: list[Any]):
-        self.workers = list(workers)
-        self._inflight: dict[Any, int] = {}  # ObjectRef -> worker index
+    Sizing, checked once per learner step by `rescale`: add one replica (one pending at a
+    time, up to max) when the scheduler asks for more generation, or when more requests
+    were queued than replicas were ready while those were busy; retire one (down to min)
+    when over the last grace period the others could have done all the work at most
+    `SHRINK_UTILISATION` busy, or when a replica was never placed within pending_timeout_s
+    and is no longer needed (its resource request is withdrawn). A retiring replica gets no new work and is killed when its
+    in-flight requests are done.
+    """
 
-    def _load(self) -> list[int]:
-        done, _ = (
-            ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)
-            if self._inflight
-            else ([], [])
-        )
-        for ref in done:
-            self._inflight.pop(ref, None)
-        counts = [0] * len(self.workers)
-        for idx in self._inflight.values():
-            counts[idx] += 1
-        return counts
+    SHRINK_UTILISATION = 0.7
+    """Retire a replica when the remaining ones would have been at most this busy."""
+    GROW_UTILISATION = 0.5
+    """Grow on queued work only when the ready replicas were at least this busy."""
 
+    def __init__(
+        self,
+        workers: list[Any],
+        make_worker: Callable[[], Any] | None = None,
+        min_replicas: int | None = None,
+        max_replicas: int | None = None,
+        idle_grace_s: float = 30.0,
+        pending_timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.clock = clock
+        now = clock()
+        self.replicas = [Replica(w, w.ping.remote(), last_busy=now, created=now) for w in workers]
+        self.make_worker = make_worker
+        self.min_replicas = len(workers) if min_replicas is None else min_replicas
+        self.max_replicas = len(workers) if max_replicas is None else max_replicas
+        self.idle_grace_s = idle_grace_s
+        self.pending_timeout_s = pending_timeout_s
+        self._latest: tuple[int, Any] | None = None  # newest (version, weights ref) seen
+        self._owner: dict[Any, Replica] = {}  # in-flight batch ref -> replica
+        self._busy: list[tuple[float, float]] = []  # (time done, busy seconds) per request
+        self._peak_queued = 0
+        self._last_change = now
+
+    # ------------------------------------------------------------ state
+    @property
+    def workers(self) -> list[Any]:
+        """Every live replica's actor handle (ready, pending or retiring)."""
+        return [r.handle for r in self.replicas]
+
+    def _refresh(self) -> None:
+        pending = [r.ready_ref for r in self.replicas if not r.ready]
+        done = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) if pending else set()
+        timing = {t: b for r in self.replicas for b, t in r.inflight.items()}
+        finished = ray.wait(list(timing), num_returns=len(timing), timeout=0)[0] if timing else []
+        now = self.clock()
+        for r in self.replicas:
+            if not r.ready and r.ready_ref in done:
+                r.ready, r.last_busy = True, now
+        for t_ref in finished:
+            batch_ref = timing[t_ref]
+            rep = self._owner.pop(batch_ref)
+            del rep.inflight[batch_ref]
+            rep.last_busy = now
+            with contextlib.suppress(ray.exceptions.RayError):  # its consumer sees the error
+                self._busy.append((now, float(ray.get(t_ref))))
+        for r in self.replicas:
+            if r.inflight:
+                r.last_busy = now
+
+    def _routable(self) -> list[Replica]:
+        ready = [r for r in self.replicas if r.ready and not r.retiring]
+        # before any replica is ready (start-up), queue on the ones that will be
+        return ready or [r for r in self.replicas if not r.retiring]
+
+    def __len__(self) -> int:
+        """Replicas that take new work now (what a step's prompts are split across)."""
+        self._refresh()
+        return len(self._routable())
+
+    def status(self) -> dict[str, int]:
+        self._refresh()
+        return {
+            "ready": sum(r.ready and not r.retiring for r in self.replicas),
+            "pending": sum(not r.ready and not r.retiring for r in self.replicas),
+            "retiring": sum(r.retiring for r in self.replicas),
+            "queued": len(self._owner),
+        }
+
+    def busy_seconds(self, window_s: float) -> float:
+        """Generation seconds of requests finished within the last window_s seconds."""
+        since = self.clock() - window_s
+        self._busy = [(t, b) for t, b in self._busy if t >= since]
+        return sum(b for _, b in self._busy)
+
+    # ------------------------------------------------------------ work
     def submit(
         self, requests: list[GenerationRequest], weights_ref: Any, step: int = -1
     ) -> list[Link]:
-        """Launch each request on the least busy replica; returns one Link per request."""
-        counts = self._load()
+        """Launch each request on the least busy ready replica; returns one Link per request."""
+        self._refresh()
+        if requests:
+            self._latest = (requests[0].version, weights_ref)
+        targets = self._routable()
         links = []
         for req in requests:
-            idx = min(range(len(self.workers)), key=lambda i: counts[i])
-            ref = self.workers[idx].generate.remote(req, [weights_ref], step)
-            self._inflight[ref] = idx
-            counts[idx] += 1
-            links.append(Link(f"generator[{idx}]", self.workers[idx], ref))
+            rep = min(targets, key=lambda r: len(r.inflight))
+            batch_ref, t_ref = rep.handle.generate_timed.options(num_returns=2).remote(
+                req, [weights_ref], step
+            )
+            rep.inflight[batch_ref] = t_ref
+            rep.last_busy = self.clock()
+            self._owner[batch_ref] = rep
+            links.append(Link(f"generator[{self.replicas.index(rep)}]", rep.handle, batch_ref))
+        self._peak_queued = max(self._peak_queued, len(self._owner))
         return links
 
-    def __len__(self) -> int:
-        return len(self.workers)
+    # ------------------------------------------------------------ size
+    def rescale(self, want_more: bool = False) -> list[dict[str, Any]]:
+        """Resize by at most one replica and remove retired ones whose work is done.
+
+        Returns what changed, as events for the run's log."""
+        self._refresh()
+        events: list[dict[str, Any]] = []
+        now = self.clock()
+        active = [r for r in self.replicas if not r.retiring]
+        ready = [r for r in active if r.ready]
+        pending = [r for r in active if not r.ready]
+        window = max(self.idle_grace_s, 1e-9)
+        since_change = now - self._last_change
+        util = self.busy_seconds(window) / (window * max(len(ready), 1))
+        peak, self._peak_queued = self._peak_queued, len(self._owner)
+        # queued work beyond the ready replicas, while they are busy (or before any finished)
+        backlog = peak > len(ready) and (util >= self.GROW_UTILISATION or not self._busy)
+        can_add = self.make_worker is not None and len(active) < self.max_replicas
+        if (want_more or backlog) and can_add and not pending:
+            events.append(self._add("scheduler" if want_more else f"queued {peak}"))
+        elif len(active) > self.max_replicas:  # shrink to max: pending, then least loaded
+            victim = min(active, key=lambda r: (r.ready, len(r.inflight)))
+            events.append(self._retire(victim, "above max_replicas"))
+        elif len(active) > self.min_replicas:
+            waited = [r for r in pending if now - r.created >= self.pending_timeout_s]
+            if waited and peak <= len(ready):  # never placed, and no longer needed
+                events.append(
+                    self._retire(waited[0], f"not ready after {now - waited[0].created:.0f}s")
+                )
+            elif (
+                since_change >= window
+                and len(ready) > 1
+                and util * len(ready) / (len(ready) - 1) <= self.SHRINK_UTILISATION
+            ):
+                victim = min(ready, key=lambda r: (len(r.inflight), r.last_busy))
+                events.append(self._retire(victim, f"utilisation {util:.2f}"))
+        for r in [r for r in self.replicas if r.retiring and not r.inflight]:
+            ray.kill(r.handle)
+            self.replicas.remove(r)
+            events.append({"action": "removed"})
+        for e in events:
+            e.update(self.status())
+        return events
+
+    def _retire(self, replica: Replica, reason: str) -> dict[str, Any]:
+        replica.retiring = True
+        self._last_change = self.clock()
+        return {"action": "retire", "reason": reason}
+
+    def _add(self, reason: str) -> dict[str, Any]:
+        assert self.make_worker is not None
+        handle = self.make_worker()
+        first = (
+            handle.load.remote(self._latest[0], [self._latest[1]])
+            if self._latest
+            else handle.ping.remote()
+        )
+        now = self.clock()
+        self.replicas.append(Replica(handle, first, last_busy=now, created=now))
+        self._last_change = self.clock()
+        return {"action": "add", "reason": reason}

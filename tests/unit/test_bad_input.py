@@ -21,9 +21,15 @@ from opdflow.rundir import RunDir
 @pytest.mark.parametrize(
     ("recipe", "message"),
     [
-        ("fp9", r"engine\.recipe: recipe 'fp9': unknown recipe 'fp9'; known recipes: bf16, fp8, fp8_kv"),
+        (
+            "fp9",
+            r"engine\.recipe: recipe 'fp9': unknown recipe 'fp9'; known recipes: bf16, fp8, fp8_kv",
+        ),
         ("noise(", r"engine\.recipe: recipe 'noise\(' is malformed"),
-        ("noise(abc)", r"engine\.recipe: recipe 'noise\(abc\)': sigma='abc' is not allowed; expected a number"),
+        (
+            "noise(abc)",
+            r"engine\.recipe: recipe 'noise\(abc\)': sigma='abc' is not allowed; expected a number",
+        ),
         ("noise", r"engine\.recipe: .*noise needs sigma"),
     ],
 )

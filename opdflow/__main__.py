@@ -1,0 +1,5 @@
+"""`python -m opdflow ...` is the `opdflow` command."""
+
+from opdflow.cli import main
+
+main()

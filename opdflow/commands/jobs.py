@@ -1,0 +1,280 @@
+"""Running a pipeline on a remote Ray cluster through the Ray Jobs API.
+
+`opdflow submit` ships the pipeline file's directory as the job's working_dir and runs
+`python -m opdflow.commands.jobs PIPELINE ...` on the cluster, which is `opdflow run` plus
+one machine-readable summary line that `submit --wait` reads back from the job's logs.
+The address is explicit (`--address` or RAY_ADDRESS): submitting never guesses a cluster.
+Token authentication follows Ray's own variables (RAY_AUTH_MODE, RAY_AUTH_TOKEN[_PATH]).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+SUMMARY_MARK = "OPDFLOW_SUMMARY_JSON: "
+"""Prefix of the one log line that carries the run summary back to `submit --wait`."""
+TAIL_LINES = 40
+"""Lines of a failed job's logs shown with the error."""
+
+_address_option = click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    default=None,
+    metavar="URL",
+    help="Ray dashboard (Jobs API) address, e.g. http://HEAD:8265 (default: $RAY_ADDRESS).",
+)
+_token_option = click.option(
+    "--token",
+    default=None,
+    metavar="TOKEN",
+    help="Ray auth token of the cluster (sets RAY_AUTH_MODE=token and RAY_AUTH_TOKEN).",
+)
+
+
+def _client(address: str | None, token: str | None = None) -> Any:
+    """A JobSubmissionClient for an explicit address, or a one-line error saying what to fix."""
+    if not address:
+        raise click.UsageError(
+            "no cluster address: pass --address http://HEAD:8265 or set RAY_ADDRESS "
+            "(for a local run without a cluster use `opdflow run`)"
+        )
+    if token:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = token
+    if "://" not in address and not address.startswith("ray://"):
+        address = f"http://{address}"
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = (
+            "check the address is the dashboard's HTTP address (port 8265 by default), the "
+            "cluster runs with --include-dashboard=true and the dashboard host is reachable"
+        )
+        if "auth" in text.lower() or "token" in text.lower():
+            hint = (
+                "the cluster uses token authentication: set RAY_AUTH_MODE=token and "
+                "RAY_AUTH_TOKEN (or pass --token)"
+            )
+        raise click.ClickException(
+            f"cannot reach the Ray Jobs API at {address}: {text}; {hint}"
+        ) from None
+
+
+def runtime_env(
+    pipeline_dir: Path, ship_opdflow: bool = False, pip: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The job's runtime environment: the pipeline's directory, optionally opdflow and pip pkgs."""
+    env: dict[str, Any] = {
+        "working_dir": str(pipeline_dir),
+        "excludes": ["runs/", ".git/", "__pycache__/", "*.parquet", ".venv/"],
+    }
+    if ship_opdflow:
+        import opdflow
+
+        env["py_modules"] = [str(Path(opdflow.__file__).parent)]
+    if pip:
+        env["pip"] = list(pip)
+    return env
+
+
+def entrypoint(pipeline_name: str, overrides: tuple[str, ...], run_dir: str | None) -> str:
+    """The shell command the job runs on the cluster (inside the working_dir)."""
+    argv = ["python", "-m", "opdflow.commands.jobs", pipeline_name]
+    for item in overrides:
+        argv += ["--set", item]
+    if run_dir:
+        argv += ["--run-dir", run_dir]
+    return shlex.join(argv)
+
+
+def summary_from_logs(logs: str) -> dict | None:
+    """The run summary a finished job printed, or None."""
+    for line in reversed(logs.splitlines()):
+        if line.startswith(SUMMARY_MARK):
+            return json.loads(line[len(SUMMARY_MARK) :])
+    return None
+
+
+def _tail(logs: str, n: int = TAIL_LINES) -> str:
+    return "\n".join(logs.rstrip().splitlines()[-n:])
+
+
+def _follow_logs(client: Any, job_id: str, out: Any) -> None:
+    import asyncio
+
+    async def go() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            out.write(chunk)
+            out.flush()
+
+    asyncio.run(go())
+
+
+def wait_for_job(
+    client: Any, job_id: str, follow: bool = False, poll_s: float = 1.0
+) -> tuple[str, str]:
+    """Wait until the job is terminal; returns (status, full logs)."""
+    if follow:
+        _follow_logs(client, job_id, sys.stderr)
+    while True:
+        status = client.get_job_status(job_id)
+        if status.is_terminal():
+            return str(status), client.get_job_logs(job_id)
+        time.sleep(poll_s)
+
+
+@click.command()
+@click.argument("pipeline")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="Override a config field, e.g. --set train.lr=3e-4 (repeatable).",
+)
+@click.option("--steps", type=int, default=None, help="Learner steps (overrides train.steps).")
+@_address_option
+@_token_option
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    help="Follow the job to its end and print its summary (default), or return at once.",
+)
+@click.option(
+    "--run-dir",
+    default=None,
+    help="Run directory on the cluster (default: runs/NAME-TIME inside the job's working_dir).",
+)
+@click.option(
+    "--ship-opdflow",
+    is_flag=True,
+    help="Upload this machine's opdflow package (py_modules) instead of the cluster's.",
+)
+@click.option("--pip", multiple=True, metavar="PKG", help="Extra pip package for the job.")
+def submit(
+    pipeline: str,
+    overrides: tuple[str, ...],
+    steps: int | None,
+    address: str | None,
+    token: str | None,
+    wait: bool,
+    run_dir: str | None,
+    ship_opdflow: bool,
+    pip: tuple[str, ...],
+) -> None:
+    """Submit PIPELINE (path.py[:function]) as a Ray job; prints the job id."""
+    from opdflow.config import load_pipeline
+
+    overrides = overrides + ((f"train.steps={steps}",) if steps is not None else ())
+    cfg = load_pipeline(pipeline, list(overrides))  # fail here, not on the cluster
+    path_text, _, func = pipeline.partition(":")
+    path = Path(path_text).resolve()
+    client = _client(address, token)
+    job_id = client.submit_job(
+        entrypoint=entrypoint(path.name + (f":{func}" if func else ""), overrides, run_dir),
+        runtime_env=runtime_env(path.parent, ship_opdflow, pip),
+        submission_id=f"opdflow-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
+        metadata={"opdflow_pipeline": pipeline, "opdflow_name": cfg.name},
+    )
+    click.echo(job_id)
+    if not wait:
+        return
+    status, logs = wait_for_job(client, job_id, follow=True)
+    _report_end(job_id, status, logs, client)
+
+
+def _report_end(job_id: str, status: str, logs: str, client: Any) -> None:
+    if status != "SUCCEEDED":
+        message = client.get_job_info(job_id).message or ""
+        raise click.ClickException(
+            f"job {job_id} {status}: {message}\n--- last {TAIL_LINES} lines of its logs ---\n"
+            f"{_tail(logs)}"
+        )
+    summary = summary_from_logs(logs)
+    if summary is None:
+        raise click.ClickException(f"job {job_id} SUCCEEDED but printed no run summary")
+    from opdflow.console import print_summary
+
+    print_summary(summary)
+
+
+@click.command()
+@click.argument("job_id")
+@_address_option
+@_token_option
+def status(job_id: str, address: str | None, token: str | None) -> None:
+    """Print the status of a submitted job (and its summary once it succeeded)."""
+    client = _client(address, token)
+    try:
+        info = client.get_job_info(job_id)
+    except RuntimeError as exc:
+        raise click.ClickException(f"job {job_id}: {exc}") from exc
+    click.echo(f"{job_id}: {info.status}" + (f" ({info.message})" if info.message else ""))
+    if str(info.status) == "SUCCEEDED":
+        summary = summary_from_logs(client.get_job_logs(job_id))
+        if summary is not None:
+            click.echo(
+                json.dumps({k: v for k, v in summary.items() if k != "trained_steps_record"})
+            )
+    elif str(info.status) == "FAILED":
+        click.echo(_tail(client.get_job_logs(job_id)), err=True)
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("job_id")
+@_address_option
+@_token_option
+@click.option("--follow", "-f", is_flag=True, help="Stream new lines until the job ends.")
+def logs(job_id: str, address: str | None, token: str | None, follow: bool) -> None:
+    """Print a submitted job's logs."""
+    client = _client(address, token)
+    try:
+        if follow:
+            _follow_logs(client, job_id, sys.stdout)
+        else:
+            click.echo(client.get_job_logs(job_id), nl=False)
+    except RuntimeError as exc:
+        raise click.ClickException(f"job {job_id}: {exc}") from exc
+
+
+@click.command()
+@click.argument("job_id")
+@_address_option
+@_token_option
+def stop(job_id: str, address: str | None, token: str | None) -> None:
+    """Stop a submitted job."""
+    client = _client(address, token)
+    try:
+        stopped = client.stop_job(job_id)
+    except RuntimeError as exc:
+        raise click.ClickException(f"job {job_id}: {exc}") from exc
+    click.echo(f"{job_id}: {'stop requested' if stopped else 'already finished'}")
+
+
+@click.command(name="job-entry", hidden=True)
+@click.argument("pipeline")
+@click.option("--set", "overrides", multiple=True)
+@click.option("--run-dir", default=None)
+def job_entry(pipeline: str, overrides: tuple[str, ...], run_dir: str | None) -> None:
+    """What a submitted job runs on the cluster: `opdflow run` plus the summary line."""
+    from opdflow.config import load_pipeline
+    from opdflow.console import run_with_progress
+
+    summary = run_with_progress(load_pipeline(pipeline, list(overrides)), run_dir)
+    print(SUMMARY_MARK + json.dumps(summary, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    job_entry()

@@ -1,0 +1,170 @@
+"""VLLMEngine: the production rollout engine, vLLM behind the TorchEngine interface.
+
+Same contract as TorchEngine: token ids plus the log-probability of each sampled token
+under the distribution actually sampled from (vLLM's `processed_logprobs`: after
+temperature and top-p), the full next-token log-distribution on request (small
+vocabularies), and weights updated in place from the object store through a vLLM worker
+extension (`reload_weights`), so a new version costs milliseconds, not an engine restart.
+
+Inside a Ray actor vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0 with the
+"uni" executor): its own worker process dies under Ray at the first generate. Only this
+module imports vllm (`pip install opdflow[vllm]`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from opdflow.config import ConfigError
+from opdflow.engines.base import GenerationRequest
+from opdflow.engines.recipes import vllm_options
+from opdflow.rollout import RolloutBatch
+
+MAX_LOGDIST_VOCAB = 4096
+"""Full log-distributions are returned (as top-V logprobs) only up to this vocabulary."""
+
+
+def engine_options(recipe: str, num_layers: int) -> dict[str, Any]:
+    """vLLM `LLM(...)` arguments of a recipe, from recipes.vllm_options (the one mapping).
+
+    fp8 -> quantization="fp8" (GPU only); fp8_kv -> kv_cache_dtype="fp8", with BF16 KV escapes
+    as kv_cache_dtype_skip_layers. What vLLM cannot run from a BF16 checkpoint as stated
+    (noise, nvfp4, keys/values-only KV, skipped fp8 layers) is refused, naming the field.
+    """
+    o = vllm_options(recipe, num_layers)
+    why = (
+        "a weight transform (noise)" if o["weight_transform"]
+        else "NVFP4 (needs a Model Optimizer checkpoint)" if o["quantization"] == "modelopt_fp4"
+        else "keys- or values-only KV quantization" if not o["exact"]
+        else "BF16 escape layers for fp8 weights" if o["ignored_layers"]
+        else None
+    )  # fmt: skip
+    if why:
+        raise ConfigError(
+            f"engine.recipe = {recipe!r} is not supported by engine.kind='vllm': {why}; "
+            "run it with engine.kind='torch'"
+        )
+    out: dict[str, Any] = {}
+    if o["quantization"]:
+        out["quantization"] = o["quantization"]
+    if o["kv_cache_dtype"] != "auto":
+        out["kv_cache_dtype"] = o["kv_cache_dtype"]
+    if o["kv_cache_bf16_layers"]:
+        out["kv_cache_dtype_skip_layers"] = [str(i) for i in o["kv_cache_bf16_layers"]]
+    return out
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's worker (worker_extension_cls): in-place weight reload by name."""
+
+    def opdflow_reload(self, named_tensors: list[tuple[str, Any]]) -> None:
+        self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
+
+
+class VLLMEngine:
+    """A rollout engine on vLLM; `recipe` maps to vLLM's quantization / KV-cache options."""
+
+    def __init__(
+        self,
+        model_path: str,
+        pad_id: int,
+        eos_id: int,
+        recipe: str = "bf16",
+        dtype: str = "bfloat16",
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        seed: int = 0,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; CPU build only
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        hf = AutoConfig.from_pretrained(model_path)
+        options = engine_options(recipe, int(hf.num_hidden_layers))
+        self.vocab_size = int(hf.vocab_size)
+        self.pad_id, self.eos_id, self.recipe = pad_id, eos_id, recipe
+        self.version = 0
+        self.llm = LLM(
+            model=model_path,
+            skip_tokenizer_init=True,  # token ids in and out; the tokenizer lives elsewhere
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,  # torch.compile adds ~20 s of startup on CPU
+            distributed_executor_backend="uni",
+            worker_extension_cls=f"{__name__}.WeightReloadExtension",
+            logprobs_mode="processed_logprobs",
+            max_logprobs=max(20, self.vocab_size if self.vocab_size <= MAX_LOGDIST_VOCAB else 0),
+            max_model_len=max_model_len or getattr(hf, "max_position_embeddings", None),
+            enable_prefix_caching=False,
+            **options,
+        )
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Copy a weights version into the running engine (no restart, no new KV cache)."""
+        self.llm.collective_rpc("opdflow_reload", args=(list(state.items()),))
+        self.version = version
+
+    def generate(self, request: GenerationRequest) -> RolloutBatch:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        p, n = request.params, request.n
+        full = p.return_logdist and self.vocab_size <= MAX_LOGDIST_VOCAB
+        sp = VSamplingParams(
+            n=n,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=0,
+            max_tokens=p.max_new_tokens,
+            seed=request.seed,
+            logprobs=self.vocab_size if full else 0,
+            stop_token_ids=[self.eos_id],
+            detokenize=False,
+        )
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(ids)) for ids in request.prompt_ids],
+            sp,
+            use_tqdm=False,
+        )
+        width = max(len(ids) for ids in request.prompt_ids)
+        B, T = len(request.prompt_ids) * n, p.max_new_tokens
+        prompt_ids = np.full((B, width), self.pad_id, dtype=np.int64)
+        prompt_mask = np.zeros((B, width), dtype=bool)
+        resp = np.full((B, T), self.pad_id, dtype=np.int64)
+        resp_mask = np.zeros((B, T), dtype=bool)
+        logp = np.zeros((B, T), dtype=np.float32)
+        logdist = np.full((B, T, self.vocab_size), -np.inf, dtype=np.float32) if full else None
+        for i, (ids, out) in enumerate(zip(request.prompt_ids, outs)):
+            completions = sorted(out.outputs, key=lambda c: c.index)
+            for j, c in enumerate(completions):
+                b = i * n + j
+                prompt_ids[b, width - len(ids) :] = ids
+                prompt_mask[b, width - len(ids) :] = True
+                toks = list(c.token_ids)
+                resp[b, : len(toks)] = toks
+                resp_mask[b, : len(toks)] = True
+                for t, (tok, lp) in enumerate(zip(toks, c.logprobs)):
+                    logp[b, t] = lp[tok].logprob
+                    if logdist is not None:
+                        for v, entry in lp.items():
+                            logdist[b, t, v] = entry.logprob
+        T_used = max(1, int(resp_mask.sum(1).max()))
+        return RolloutBatch(
+            prompt_ids_B_P=prompt_ids,
+            prompt_mask_B_P=prompt_mask,
+            response_ids_B_T=resp[:, :T_used],
+            response_mask_B_T=resp_mask[:, :T_used],
+            logp_engine_B_T=logp[:, :T_used],
+            version=self.version,
+            prompt_index_B=np.repeat(np.asarray(request.prompt_index, dtype=np.int64), n),
+            answers=[a for a in request.answers for _ in range(n)],
+            recipe=self.recipe,
+            logdist_engine_B_T_V=None if logdist is None else logdist[:, :T_used],
+            gen_seconds=time.perf_counter() - t0,
+        )

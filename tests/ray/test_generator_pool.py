@@ -1,0 +1,176 @@
+"""The generator pool grows and shrinks between min and max replicas, losing nothing.
+
+A normal local Ray cluster with a custom `rollout` resource for 2 replicas: a third
+replica stays pending (on a real cluster, the request the autoscaler acts on). The
+autoscaler itself is exercised in test_autoscaling.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from opdflow.engines.base import GenerationRequest, SamplingParams
+from opdflow.stages.generator import GeneratorPool, GeneratorWorker
+
+
+@pytest.fixture(scope="module")
+def rollout_cluster():
+    from opdflow.raycluster import QUIET_ENV
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        resources={"rollout": 2},
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        runtime_env={"env_vars": QUIET_ENV},
+        configure_logging=False,
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def make_worker(rollout_cluster, tiny, tokenizer):
+    def make():
+        return (
+            ray.remote(GeneratorWorker)
+            .options(num_cpus=0, resources={"rollout": 1})
+            .remote(
+                str(tiny.student),
+                tokenizer.pad_token_id,
+                tokenizer.eos_token_id,
+                "torch",
+                "bf16",
+                1,
+            )
+        )
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def weights(rollout_cluster, tiny):
+    from opdflow.models import load_model
+    from opdflow.weights import pack
+
+    return ray.put(pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0))
+
+
+def _requests(tokenizer, count, version=0, max_new_tokens=8):
+    ids = tokenizer.encode("Q:123+045=")
+    return [
+        GenerationRequest(
+            [ids] * 4, [i] * 4, [None] * 4, 4, seed=i, version=version,
+            params=SamplingParams(max_new_tokens=max_new_tokens),
+        )
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def _wait_ready(pool, n, timeout=120):
+    deadline = time.time() + timeout
+    while pool.status()["ready"] < n:
+        assert time.time() < deadline, pool.status()
+        time.sleep(0.2)
+
+
+def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tokenizer):
+    pool = GeneratorPool(
+        [make_worker()], make_worker, 1, 3, idle_grace_s=1.0, pending_timeout_s=1.0
+    )
+    _wait_ready(pool, 1)
+    assert pool.rescale() == []  # nothing queued: no change
+    refs = pool.submit(_requests(tokenizer, 6), weights)
+    events = pool.rescale()
+    assert [e["action"] for e in events] == ["add"]
+    assert events[0]["pending"] == 1
+    assert pool.rescale() == [] or pool.status()["ready"] == 2  # one pending at a time
+    _wait_ready(pool, 2)
+    new = pool.replicas[1]
+    refs += pool.submit(_requests(tokenizer, 6), weights)
+    assert new.inflight  # the new replica takes work once ready
+    assert [e["action"] for e in pool.rescale()] == ["add"]  # a third: no rollout left
+    third = pool.replicas[2]
+    refs += pool.submit(_requests(tokenizer, 4), weights)
+    assert not third.inflight  # a pending replica gets no work
+    batches = ray.get(refs)  # nothing lost
+    assert len(batches) == 16 and all(b.num_responses == 16 for b in batches)
+    assert pool.status() == {"ready": 2, "pending": 1, "retiring": 0, "queued": 0}
+    events = []
+    deadline = time.time() + 30
+    while len(pool.replicas) > 1:  # idle: back to min, one replica per grace period
+        assert time.time() < deadline, events
+        time.sleep(0.3)
+        events += pool.rescale()
+    retires = [e for e in events if e["action"] == "retire"]
+    assert len(retires) == 2 and sum(e["action"] == "removed" for e in events) == 2, events
+    assert "not ready" in retires[0]["reason"]  # the never-placed one goes first
+    assert "utilisation" in retires[1]["reason"]
+    assert pool.status() == {"ready": 1, "pending": 0, "retiring": 0, "queued": 0}
+
+
+def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer):
+    pool = GeneratorPool([make_worker(), make_worker()], make_worker, 1, 2, idle_grace_s=60)
+    _wait_ready(pool, 2)
+    refs = pool.submit(_requests(tokenizer, 6, max_new_tokens=16), weights)
+    busy = [r for r in pool.replicas if r.inflight]
+    assert len(busy) == 2
+    pool.max_replicas = 1
+    events = pool.rescale()
+    assert [e["action"] for e in events] == ["retire"]
+    retiring = next(r for r in pool.replicas if r.retiring)
+    more = pool.submit(_requests(tokenizer, 2), weights)
+    assert all(ref not in retiring.inflight for ref in more)  # no new work for it
+    batches = ray.get(refs + more)  # its in-flight work completed
+    assert all(b.num_responses == 16 for b in batches)
+    assert [e["action"] for e in pool.rescale()] == ["removed"]
+    assert len(pool.replicas) == 1
+
+
+def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer):
+    from opdflow.models import load_model
+    from opdflow.weights import pack
+
+    pool = GeneratorPool([make_worker()], make_worker, 1, 2, idle_grace_s=60)
+    v3 = ray.put(pack(load_model(str(tiny.teacher), "bfloat16").state_dict(), 3))
+    pool.submit(_requests(tokenizer, 3, version=3), v3)
+    _wait_ready(pool, 1)
+    assert [e["action"] for e in pool.rescale(want_more=True)] == ["add"]
+    assert ray.get(pool.replicas[1].ready_ref) == 3  # loaded on joining, before any work
+
+
+def test_pipeline_asks_for_a_replica_under_queued_work_and_trains_every_step_once(
+    rollout_cluster, tiny, tmp_path
+):
+    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.controller import run_pipeline
+    from opdflow.rundir import RunDir, read_table
+
+    steps = 16
+    cfg = apply_overrides(
+        PipelineConfig(name="pool"),
+        [
+            f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8", "staleness.k=2",
+            "engine.min_replicas=1", "engine.max_replicas=2", "engine.scale_down_idle_s=1",
+            "resources.generator.num_cpus=0", 'resources.generator.resources={"rollout": 1}',
+        ],
+    )  # fmt: skip
+    run = RunDir.create(cfg, tmp_path / "run")
+    summary = run_pipeline(cfg, run)
+    metrics = read_table(run.path / "metrics.parquet")
+    assert [r["step"] for r in metrics] == list(range(steps))
+    assert [s for s, _ in summary["trained_steps_record"]] == list(range(steps))
+    assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)
+    import json
+
+    events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
+    adds = [e for e in events if e["event"] == "generator_pool" and e["action"] == "add"]
+    assert adds, events
+    # joining takes an actor start (seconds on two busy cores): when it joined, it was used
+    assert {r["generator_replicas"] for r in metrics} <= {1, 2}
