@@ -1,24 +1,27 @@
-"""Rollout nodes follow the generator pool: Ray's fake autoscaling cluster, one run.
+"""Rollout nodes follow the generator pool: Ray's fake autoscaling provider, one run.
 
-`ray.cluster_utils.AutoscalingCluster` starts a head plus a `rollout` node type (min 1,
-max 2) whose nodes the autoscaler adds for pending generator replicas and removes when
-idle. Its wheel lacks the example config it reads, so the test gives it a full inline one.
-
-Its start and shutdown run `ray stop --force`, which stops EVERY Ray process on the
-machine: the test refuses to run while Ray processes other than this pytest's own
-exist (a shared development machine); on a CI machine it runs.
+A head started with `ray start --head --block --autoscaling-config` (the fake_multinode
+provider, as ray.cluster_utils.AutoscalingCluster uses it, given a full inline config)
+plus a `rollout` node type (min 1, max 2) whose nodes the autoscaler adds for pending
+generator replicas and removes when idle. Unlike AutoscalingCluster, which runs
+`ray stop --force` (every Ray process on the machine), the cluster runs in its own
+process group on private ports and is stopped by killing that group; the run itself is a
+subprocess, so this test session's own Ray is untouched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import ray
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_CONFIG = {
     "cluster_name": "opdflow-fake",
@@ -57,86 +60,89 @@ FAKE_CONFIG = {
 }
 
 
-def _other_ray_processes() -> list[str]:
-    """Ray daemons and workers running on this machine (Linux /proc)."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(k in cmd for k in ("gcs_server", "raylet/raylet", "ray::")):
-            found.append(f"{proc.name}: {cmd[:80]}")
-    return found
+DRIVER = r"""
+import json, sys, time
+import ray
+from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.controller import run_pipeline
+from opdflow.rundir import RunDir, read_table
 
-
-def _rollout_nodes() -> int:
+def rollout_nodes():
     return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("rollout", 0) > 0)
+
+address, run_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ray.init(address=address, configure_logging=False)
+deadline = time.time() + 120
+while rollout_nodes() < 1:  # min_workers: one rollout node before the run
+    assert time.time() < deadline, ray.nodes()
+    time.sleep(1)
+cfg = apply_overrides(PipelineConfig(name="autoscale"), [
+    f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8", "staleness.k=2",
+    "engine.replicas=1", "engine.min_replicas=1", "engine.max_replicas=2",
+    "engine.scale_down_idle_s=2", "resources.generator.num_cpus=0",
+    'resources.generator.resources={"rollout": 1}'])
+nodes = []
+summary = run_pipeline(cfg, RunDir.create(cfg, run_dir), on_step=lambda row: nodes.append(rollout_nodes()))
+after = []
+deadline = time.time() + 120
+while rollout_nodes() > 1 and time.time() < deadline:  # the idle node leaves
+    time.sleep(2)
+after.append(rollout_nodes())
+print("RESULT " + json.dumps({"nodes": nodes, "after": after, "record": summary["trained_steps_record"]}))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.slow
-def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path, monkeypatch):
-    from ray.cluster_utils import AutoscalingCluster
+def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
+    from opdflow.rundir import read_table
 
-    from opdflow.config import PipelineConfig, apply_overrides
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir, read_table
-
-    if ray.is_initialized():
-        ray.shutdown()  # this session's own embedded cluster, if any
-    time.sleep(2)
-    others = _other_ray_processes()
-    if others:
-        pytest.skip(
-            "other Ray processes run on this machine and AutoscalingCluster runs "
-            f"`ray stop --force`, which would kill them: {others[:3]}"
-        )
-
-    class InlineAutoscalingCluster(AutoscalingCluster):
-        def _generate_config(self, head_resources, worker_node_types, **kw):
-            return json.loads(json.dumps(FAKE_CONFIG))
-
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cluster = InlineAutoscalingCluster(head_resources={"CPU": 2}, worker_node_types={})
-    cluster.start()
+    config = tmp_path / "autoscale.json"
+    config.write_text(json.dumps(FAKE_CONFIG))
+    port = _free_port()
+    env = {
+        **os.environ,
+        "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+        "RAY_FAKE_CLUSTER": "1",
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("RAY_ADDRESS", None)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    ports = [str(_free_port()) for _ in range(4)]
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", f"--autoscaling-config={config}", "--num-cpus=2",
+         "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
+         f"--temp-dir={tmp_path / 'ray'}", f"--ray-client-server-port={ports[0]}",
+         f"--node-manager-port={ports[1]}", f"--object-manager-port={ports[2]}",
+         f"--dashboard-agent-listen-port={ports[3]}"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
-        ray.init("auto", configure_logging=False)
-        deadline = time.time() + 60
-        while _rollout_nodes() < 1:  # min_workers: one rollout node before the run
-            assert time.time() < deadline, ray.nodes()
-            time.sleep(1)
         steps = 60
-        cfg = apply_overrides(
-            PipelineConfig(name="autoscale"),
-            [
-                f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8",
-                "staleness.k=2", "engine.replicas=1", "engine.min_replicas=1",
-                "engine.max_replicas=2", "engine.scale_down_idle_s=2",
-                "resources.generator.num_cpus=0",
-                'resources.generator.resources={"rollout": 1}',
-            ],
+        driver = subprocess.run(
+            [sys.executable, "-c", DRIVER, f"127.0.0.1:{port}", str(tmp_path / "run"), str(steps)],
+            env=env, capture_output=True, text=True, timeout=1500,
         )  # fmt: skip
-        nodes: list[int] = []
-        run = RunDir.create(cfg, tmp_path / "run")
-        summary = run_pipeline(cfg, run, on_step=lambda row: nodes.append(_rollout_nodes()))
-        metrics = read_table(run.path / "metrics.parquet")
-        # every step trained exactly once, within the bound
-        assert [r["step"] for r in metrics] == list(range(steps))
-        assert [s for s, _ in summary["trained_steps_record"]] == list(range(steps))
-        assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)
-        # one rollout node at the start, a second one under demand
-        assert nodes[0] <= 2 and max(nodes) == 2, nodes
-        events = [json.loads(x) for x in (run.path / "events.jsonl").read_text().splitlines()]
-        pool = [e for e in events if e["event"] == "generator_pool"]
-        assert any(e["action"] == "add" for e in pool), pool
-        # and back down: the idle node leaves (idle_timeout_minutes=0.1)
-        deadline = time.time() + 90
-        while _rollout_nodes() > 1:
-            assert time.time() < deadline, ray.nodes()
-            time.sleep(2)
+        assert driver.returncode == 0, driver.stderr[-4000:]
+        result = json.loads(driver.stdout.split("RESULT ", 1)[1])
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        os.killpg(head.pid, signal.SIGKILL)  # the head and every node it started
+        head.wait()
+    metrics = read_table(tmp_path / "run" / "metrics.parquet")
+    # every step trained exactly once, within the bound
+    assert [r["step"] for r in metrics] == list(range(steps))
+    assert [s for s, _ in result["record"]] == list(range(steps))
+    assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)
+    # one rollout node at the start, a second one under demand, back to one when idle
+    nodes = result["nodes"]
+    assert nodes[0] <= 2, nodes
+    assert max(nodes) == 2, nodes
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "generator_pool" and e["action"] == "add" for e in events)
+    assert result["after"] == [1], result

@@ -88,7 +88,9 @@ def test_vllm_mapping_in_one_place():
     assert vllm_options("nvfp4")["modelopt_base"] == "W4A16_NVFP4_CFG"
     assert vllm_options("nvfp4(activations=true)")["quantization"] == "modelopt_fp4"
     kv = vllm_options("fp8_kv(kv_bf16_layers=[0])", num_layers=3)
-    assert kv["kv_cache_bf16_layers"] == [0] and not kv["exact"]
+    assert kv["kv_cache_bf16_layers"] == [0]  # vLLM: kv_cache_dtype_skip_layers
+    assert kv["exact"]
+    assert not vllm_options("fp8_kv(keys_only=true)", num_layers=3)["exact"]
     assert vllm_options("noise(0.1)")["weight_transform"] == "noise(sigma=0.1)"
     with pytest.raises(ConfigError, match="need num_layers"):
         vllm_options("fp8(bf16_layers=[0])")
