@@ -23,8 +23,9 @@ The model, stage by stage (every server is FIFO in submission order, like a Ray 
   StepObservation to the policy (the real FixedStaleness / AdaptiveStaleness), launches
   what became launchable, then spends the run's per-step driver overhead (logging).
 
-Known simplifications: no CPU contention between stages (the run measured them as they
-ran), the held-out evaluator is left out, and generation cost is linear in responses per
+Contention: by default every stage has its own hardware (a cluster); `cores=C` makes the
+busy stages share C cores (processor sharing), as on the small machine a run was
+measured on. The held-out evaluator is left out, and generation cost is linear in responses per
 chunk (compute-bound decoding, as on the CPU reference); spans keep per-chunk token
 totals only, so the empirical length model resamples per-chunk mean lengths.
 """
@@ -265,6 +266,9 @@ class SimConfig:
     """Response-length model: "empirical" or "pareto:ALPHA[:CAP]" (LengthModel)."""
     target_wait_share: float = SATURATED_WAIT_SHARE
     """The adaptive policy's target trainer wait share."""
+    cores: float | None = None
+    """Cores shared by every stage (processor sharing), as on one small machine; None: each
+    stage has its own hardware (a cluster)."""
     seed: int = 0
 
     def validate(self) -> SimConfig:
@@ -283,6 +287,8 @@ class SimConfig:
             bad("batch", self.prompts_per_step, "prompts per step >= 1")
         if not self.response_length_scale > 0:
             bad("response_length_scale", self.response_length_scale, "a number > 0")
+        if self.cores is not None and not self.cores > 0:
+            bad("cores", self.cores, "a number > 0 or None")
         if not self.learner_speedup > 0:
             bad("learner_speedup", self.learner_speedup, "a number > 0")
         return self
@@ -335,61 +341,103 @@ class SimResult:
         }
 
 
+class _Task:
+    """Work on one FIFO server: `work` seconds at full speed, after `deps` are done."""
+
+    __slots__ = ("deps", "done_s", "server", "work")
+
+    def __init__(self, server: str, work: float, deps: tuple = ()):
+        self.server, self.work, self.deps = server, max(work, 0.0), deps
+        self.done_s: float | None = None
+
+
+class _Machine:
+    """FIFO servers advancing in time; with `cores`, the busy ones share that many cores
+    (processor sharing: n busy servers each run at min(1, cores / n) of full speed)."""
+
+    def __init__(self, cores: float | None):
+        self.cores, self.now = cores, 0.0
+        self.queues: dict[str, list[_Task]] = {}
+
+    def submit(self, task: _Task) -> _Task:
+        self.queues.setdefault(task.server, []).append(task)
+        return task
+
+    def unfinished(self, server: str) -> int:
+        return len(self.queues.get(server, ()))
+
+    def run_until(self, task: _Task) -> None:
+        """Advance time until `task` is done."""
+        while task.done_s is None:
+            busy = [
+                q[0]
+                for q in self.queues.values()
+                if q and all(d.done_s is not None for d in q[0].deps)
+            ]
+            if not busy:
+                raise RuntimeError(f"simulator deadlock waiting for {task.server}")  # a bug
+            speed = 1.0 if self.cores is None else min(1.0, self.cores / len(busy))
+            dt = min(t.work for t in busy) / speed
+            self.now += dt
+            for t in busy:
+                t.work -= dt * speed
+                if t.work <= 1e-12:
+                    t.done_s = self.now
+                    self.queues[t.server].pop(0)
+
+
 @dataclass
 class _Job:
     version: int
     launched_s: float
-    ready_s: float
+    scored: _Task
+    tokens: int
 
 
 class _Dataflow:
-    """The generator pool, rescorer and teacher as FIFO servers; launch computes when a
-    step's scored batch is ready (every server's queue is known at submission)."""
+    """The generator pool, rescorer and teacher as FIFO servers on a _Machine."""
 
     def __init__(self, times: StageTimes, cfg: SimConfig, rng: np.random.Generator):
         self.t, self.cfg, self.rng = times, cfg, rng
+        self.machine = _Machine(cfg.cores)
         self.lengths = LengthModel.parse(cfg.tail, times)
         measured = LengthModel.parse("empirical", times)  # what the run's chunks really held
         self.gen_rate = times.gen_chunk_s / np.array(
             [n * measured.expected_longest(round(n)) for n in times.gen_chunk_responses]
         )
-        g = cfg.generators
-        self.gen_free = [0.0] * g
-        self.gen_holds = [0] * g  # replicas start holding version 0
-        self.gen_inflight: list[list[float]] = [[] for _ in range(g)]
-        self.rescorer_free, self.rescorer_holds, self.teacher_free = 0.0, 0, 0.0
+        self.gen_holds = [0] * cfg.generators  # replicas start holding version 0
+        self.rescorer_holds = 0
 
     def pick(self, a: np.ndarray) -> float:
         return float(a[self.rng.integers(len(a))]) if len(a) else 0.0
 
-    def launch(self, step: int, version: int, now: float) -> tuple[_Job, int]:
-        """Submit step's chunks, rescore and teacher at `now`; (job, tokens of the batch)."""
-        t, cfg = self.t, self.cfg
+    def launch(self, step: int, version: int) -> _Job:
+        """Submit step's chunks (least busy replica each), rescore and teacher now."""
+        t, cfg, m = self.t, self.cfg, self.machine
         prompts = cfg.prompts_per_step or t.prompts_per_step
         parts = min(cfg.generators, prompts)
-        counts = [sum(f > now for f in fl) for fl in self.gen_inflight]
-        done, tokens = now, 0.0
+        counts = [m.unfinished(f"generator/{j}") for j in range(cfg.generators)]
+        chunks, tokens = [], 0.0
         for i in range(parts):
             n = len(range(i, prompts, parts)) * t.responses_per_prompt
             idx = min(range(cfg.generators), key=lambda j: counts[j])
-            start = max(now, self.gen_free[idx])
-            if self.gen_holds[idx] != version:
-                start += self.pick(t.gen_fetch_s)
+            work = 0.0
+            if self.gen_holds[idx] != version:  # FIFO: the replica holds its last chunk's version
+                work += self.pick(t.gen_fetch_s)
                 self.gen_holds[idx] = version
             lengths = self.lengths.draw(self.rng, n, cfg.response_length_scale)
-            end = start + self.pick(self.gen_rate) * n * float(lengths.max())
-            self.gen_free[idx] = end
-            self.gen_inflight[idx] = [f for f in self.gen_inflight[idx] if f > now] + [end]
+            work += self.pick(self.gen_rate) * n * float(lengths.max())
+            chunks.append(m.submit(_Task(f"generator/{idx}", work)))
             counts[idx] += 1
-            done, tokens = max(done, end), tokens + float(lengths.sum())
-        start = max(done, self.rescorer_free)
+            tokens += float(lengths.sum())
+        work = self.pick(t.rescorer_s_per_token) * tokens
         if self.rescorer_holds != version:
-            start += self.pick(t.rescorer_fetch_s)
+            work += self.pick(t.rescorer_fetch_s)
             self.rescorer_holds = version
-        self.rescorer_free = start + self.pick(t.rescorer_s_per_token) * tokens
-        start = max(self.rescorer_free, self.teacher_free)
-        self.teacher_free = start + self.pick(t.teacher_s_per_token) * tokens
-        return _Job(version, now, self.teacher_free), round(tokens)
+        rescored = m.submit(_Task("rescorer", work, tuple(chunks)))
+        work = self.pick(t.teacher_s_per_token) * tokens
+        scored = m.submit(_Task("teacher", work, (rescored,)))
+        return _Job(version, m.now, scored, round(tokens))
 
 
 def make_policy(cfg: SimConfig) -> FixedStaleness | AdaptiveStaleness:
@@ -405,43 +453,48 @@ def simulate(times: StageTimes, cfg: SimConfig) -> SimResult:
     rng = np.random.default_rng(cfg.seed)
     flow = _Dataflow(times, cfg, rng)
     policy = make_policy(cfg)
-    pending: dict[int, tuple[_Job, int]] = {}
+    pending: dict[int, _Job] = {}
     latest, next_launch, dropped = 0, 0, 0
     schedule: list[SimStep] = []
     decisions = []
-    now = 0.0
+    m = flow.machine
 
-    def launch_ready(at: float) -> None:
+    def launch_ready() -> None:
         nonlocal next_launch
         while next_launch < cfg.steps and launch_version(next_launch, policy.k, latest) is not None:
-            pending[next_launch] = flow.launch(next_launch, latest, at)
+            pending[next_launch] = flow.launch(next_launch, latest)
             next_launch += 1
 
-    launch_ready(now)
-    prev_tick, ticks = now, []
+    def driver(work: float) -> None:
+        m.run_until(m.submit(_Task("driver", work)))
+
+    launch_ready()
+    prev_tick, ticks = m.now, []
     for step in range(cfg.steps):
         wait_total = 0.0
         while True:
-            job, tokens = pending.pop(step)
-            wait_s = max(job.ready_s - now, 0.0)
-            now, wait_total = now + wait_s, wait_total + wait_s
+            job = pending.pop(step)
+            t0 = m.now
+            m.run_until(job.scored)
+            wait_s = m.now - t0
+            wait_total += wait_s
             if within_bound(step, job.version, policy.k):
                 break
             dropped += 1
-            pending[step] = flow.launch(step, latest, now)
-        train_start = now
-        now += flow.pick(times.learner_s_per_token) * tokens / cfg.learner_speedup
-        now += flow.pick(times.publish_s)
+            pending[step] = flow.launch(step, latest)
+        train_start = m.now
+        driver(flow.pick(times.learner_s_per_token) * job.tokens / cfg.learner_speedup)
+        driver(flow.pick(times.publish_s))
         latest = step + 1
-        step_s, prev_tick = now - prev_tick, now
-        ticks.append(now)
-        times_s = (job.launched_s, job.ready_s, train_start, now, wait_total, step_s)
+        step_s, prev_tick = m.now - prev_tick, m.now
+        ticks.append(m.now)
+        times_s = (job.launched_s, job.scored.done_s, train_start, m.now, wait_total, step_s)
         schedule.append(SimStep(step, job.version, policy.k, *times_s))
         obs = StepObservation(step, wait_s, step_s, float("nan"), step - job.version)
         if (decision := policy.observe(obs)) is not None:
             decisions.append(decision)
-        launch_ready(now)
-        now += flow.pick(times.overhead_s)
+        launch_ready()
+        driver(flow.pick(times.overhead_s))
     return _result(cfg, times, schedule, ticks, dropped, decisions, policy)
 
 

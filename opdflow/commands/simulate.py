@@ -96,6 +96,9 @@ def table(results, title: str):
               help="Divide the learner's time per token (a faster trainer).")  # fmt: skip
 @click.option("--tail", default="empirical", show_default=True,
               help="Response lengths: 'empirical' (the run's) or 'pareto:ALPHA[:CAP]'.")  # fmt: skip
+@click.option("--cores", type=float, default=None,
+              help="Cores shared by all stages (one small machine); default: each stage has "
+              "its own hardware (a cluster).")  # fmt: skip
 @click.option("--steps", type=int, default=200, show_default=True, help="Simulated steps.")
 @click.option("--replicates", type=int, default=3, show_default=True, help="Seeds averaged.")
 @click.option(
@@ -109,6 +112,7 @@ def simulate(
     response_length_scale: float,
     learner_speedup: float,
     tail: str,
+    cores: float | None,
     steps: int,
     replicates: int,
     out: str | None,
@@ -135,6 +139,7 @@ def simulate(
         response_length_scale=response_length_scale,
         learner_speedup=learner_speedup,
         tail=tail,
+        cores=cores,
     ).validate()
     results = grid(times, gs, kv, base, replicates)
     root = Path(out or Path(run_dir) / "simulate")
@@ -149,9 +154,13 @@ def simulate(
             results,
             f"opdflow simulate {run_dir}: {prompts} prompts x {times.responses_per_prompt} "
             f"responses/step, length x{response_length_scale:g} ({tail}), learner "
-            f"x{learner_speedup:g}, {steps} steps x {replicates} seeds",
+            f"x{learner_speedup:g}, {f'{cores:g} shared cores' if cores else 'a cluster'}, "
+            f"{steps} steps x {replicates} seeds",
         )
     )
+    if max(gs) > prompts:
+        console.print(f"note: a step's {prompts} prompts make at most {prompts} chunks; more "
+                      "generators than that stay idle (raise --batch)")  # fmt: skip
     best = smallest_saturated(results)
     rule = f"trainer wait share <= {SATURATED_WAIT_SHARE:.0%}; fewest generators, then smallest k"
     if best is None:
