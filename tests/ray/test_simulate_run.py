@@ -41,13 +41,14 @@ def test_simulate_command_writes_table_and_plot(run_dir, tmp_path):
     from opdflow.cli import main
 
     out = tmp_path / "sim"
-    res = CliRunner().invoke(
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(
         main,
         ["simulate", str(run_dir), "--generators", "1,4", "--k", "0,2,adaptive",
          "--steps", "40", "--replicates", "1", "--tail", "pareto:1.5:64", "--out", str(out)],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "updates/h" in res.output and "smallest saturated configuration" in res.output
+    assert "updates/h" in res.output
+    assert "smallest saturated configuration" in res.output or "no configuration" in res.output
     rows = read_table(out / "simulate.parquet")
     assert [(r["generators"], r["k"]) for r in rows] == [
         (g, k) for g in (1, 4) for k in ("0", "2", "adaptive")
