@@ -109,6 +109,9 @@ from opdflow.commands import measure as _measure_cmds  # noqa: E402
 
 main.add_command(_measure_cmds.measure)
 main.add_command(_measure_cmds.attribute)
+from opdflow.commands.simulate import simulate as _simulate  # noqa: E402
+
+main.add_command(_simulate)
 
 from opdflow.commands import jobs as _jobs  # noqa: E402
 
