@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    for host in ("127.0.0.1", socket.gethostbyname(socket.gethostname())):
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex((host, port)) == 0:
+                return True
+    return False
+
+
 @pytest.mark.slow
 def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
     from opdflow.rundir import read_table
@@ -115,15 +125,21 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
     env.pop("RAY_ADDRESS", None)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     ports = [str(_free_port()) for _ in range(4)]
+    log = open(tmp_path / "head.log", "w")  # noqa: SIM115 (closed with the head)
     head = subprocess.Popen(
         ["ray", "start", "--head", "--block", f"--autoscaling-config={config}", "--num-cpus=2",
          "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
          f"--temp-dir={tmp_path / 'ray'}", f"--ray-client-server-port={ports[0]}",
          f"--node-manager-port={ports[1]}", f"--object-manager-port={ports[2]}",
          f"--dashboard-agent-listen-port={ports[3]}"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
+        deadline = time.time() + 180
+        while not _listening(port):  # the head's GCS is up before the driver connects
+            assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
+            assert time.time() < deadline, (tmp_path / "head.log").read_text()[-3000:]
+            time.sleep(1)
         steps = 60
         driver = subprocess.run(
             [sys.executable, "-c", DRIVER, f"127.0.0.1:{port}", str(tmp_path / "run"), str(steps)],
@@ -134,6 +150,7 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGKILL)  # the head and every node it started
         head.wait()
+        log.close()
     metrics = read_table(tmp_path / "run" / "metrics.parquet")
     # every step trained exactly once, within the bound
     assert [r["step"] for r in metrics] == list(range(steps))
