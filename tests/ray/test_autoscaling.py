@@ -11,12 +11,15 @@ subprocess, so this test session's own Ray is untouched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -125,11 +128,12 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
     env.pop("RAY_ADDRESS", None)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     ports = [str(_free_port()) for _ in range(4)]
+    ray_tmp = tempfile.mkdtemp(prefix="oas", dir="/tmp")  # AF_UNIX socket paths <= 107 bytes
     log = open(tmp_path / "head.log", "w")  # noqa: SIM115 (closed with the head)
     head = subprocess.Popen(
         ["ray", "start", "--head", "--block", f"--autoscaling-config={config}", "--num-cpus=2",
          "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
-         f"--temp-dir={tmp_path / 'ray'}", f"--ray-client-server-port={ports[0]}",
+         f"--temp-dir={ray_tmp}", f"--ray-client-server-port={ports[0]}",
          f"--node-manager-port={ports[1]}", f"--object-manager-port={ports[2]}",
          f"--dashboard-agent-listen-port={ports[3]}"],
         env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
@@ -148,9 +152,11 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
         assert driver.returncode == 0, driver.stderr[-4000:]
         result = json.loads(driver.stdout.split("RESULT ", 1)[1])
     finally:
-        os.killpg(head.pid, signal.SIGKILL)  # the head and every node it started
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)  # the head and every node it started
         head.wait()
         log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     metrics = read_table(tmp_path / "run" / "metrics.parquet")
     # every step trained exactly once, within the bound
     assert [r["step"] for r in metrics] == list(range(steps))
