@@ -64,6 +64,7 @@ def ray_head(tiny):
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     address = f"http://127.0.0.1:{dash}"
+    saved_auth = os.environ.get("RAY_AUTH_MODE")
     try:
         from ray.job_submission import JobSubmissionClient
 
@@ -82,6 +83,10 @@ def ray_head(tiny):
                 time.sleep(1)
         yield address
     finally:
+        if saved_auth is None:  # never leak the test cluster's auth mode into later tests
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved_auth
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
