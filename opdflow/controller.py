@@ -124,11 +124,14 @@ def run_pipeline(
         launch_ready()
         prof = st.profiler(run)  # the run clock starts here
         clock = StepClock(first, cfg.warmup_steps)
+
+        def on_timeout(stage: str, action: str) -> None:
+            run.event("timeout", stage=stage, action=action)
+
         with stop_on_signals() as stop:
             for step in range(first, steps):
                 while True:  # trainer wait: until this step's batch is scored and within the bound
                     job = pending.pop(step)
-                    on_timeout = lambda stage: run.event("timeout", stage=stage)  # noqa: E731
                     wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout)
                     if within_bound(step, job.version, policy.k):
                         break

@@ -32,6 +32,10 @@ STAGES = ("generator", "rescorer", "teacher", "learner", "evaluator", "publish",
 ACTOR_KINDS = ("generator", "rescorer", "teacher", "learner", "evaluator")
 """Actor labels are KIND or KIND/INDEX; busy shares are per kind."""
 
+STEP_COLUMNS = (*(f"busy_share_{kind}" for kind in ACTOR_KINDS), "fetch_s", "fetch_bytes")
+"""The metrics columns step_columns fills: live estimates when a step is logged (spans still
+in flight are missing), recomputed exactly in metrics.parquet when the run finishes."""
+
 
 @dataclass(frozen=True)
 class Span:
@@ -98,8 +102,10 @@ def to_span(raw: tuple, actor: str, epoch0: float) -> Span:
 # ---------------------------------------------------------------- pure summaries
 
 
-def _union_overlap(intervals: list[tuple[float, float]], a: float, b: float) -> float:
-    """Length of the union of intervals inside [a, b]."""
+def union_seconds(
+    intervals: list[tuple[float, float]], a: float = -math.inf, b: float = math.inf
+) -> float:
+    """Length of the union of possibly overlapping [start, end) intervals, inside [a, b]."""
     total, cur_a, cur_b = 0.0, None, None
     for s, e in sorted((max(s, a), min(e, b)) for s, e in intervals if e > a and s < b):
         if cur_b is None or s > cur_b:
@@ -136,7 +142,7 @@ def step_columns(spans: list[Span], a: float, b: float, actors: list[str]) -> di
             fetch_bytes += s.bytes
     for kind in ACTOR_KINDS:
         members = [x for x in by_actor if actor_kind(x) == kind]
-        shares = [_union_overlap(by_actor[x], a, b) / length for x in members]
+        shares = [union_seconds(by_actor[x], a, b) / length for x in members]
         out[f"busy_share_{kind}"] = sum(shares) / len(shares) if shares else float("nan")
     out["fetch_s"] = fetch_s
     out["fetch_bytes"] = fetch_bytes
@@ -272,7 +278,11 @@ class Profiler:
             )
             for ref in ready:
                 label = self._inflight.pop(ref)
-                self.spans += [to_span(r, label, self.epoch0) for r in ray.get(ref)]
+                try:
+                    raw = ray.get(ref)
+                except ray.exceptions.RayError:  # the actor died: its unsent spans are lost
+                    continue
+                self.spans += [to_span(r, label, self.epoch0) for r in raw]
         if not wait:
             busy = set(self._inflight.values())
             for label, actor in self.actors.items():

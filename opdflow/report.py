@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from opdflow.config import ConfigError
+from opdflow.profiler import union_seconds
 
 WAIT_BOUND = 0.10
 """Trainer wait share (of learner step time) at or above which a run is generation-bound."""
@@ -144,21 +145,6 @@ def version_times(metrics: list[dict[str, Any]]) -> dict[int, float]:
     Step n's row ends when version n + 1 is published; version 0 exists at time 0.
     """
     return {0: 0.0, **{int(r["step"]) + 1: float(r["time_s"]) for r in metrics}}
-
-
-def union_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by possibly overlapping [start, end) intervals."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def busy_shares(spans: list[dict[str, Any]]) -> dict[str, float]:

@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,17 +50,35 @@ def first_unready(links: list[Link]) -> Link | None:
     return next((link for link in links if link.ref not in ready_set), None)
 
 
-def await_links(links: list[Link], timeout_s: float, on_timeout) -> float:
+def actor_state(actor: Any) -> str | None:
+    """The actor's state as the GCS sees it ("ALIVE", "RESTARTING", ...); None if unknown."""
+    try:
+        from ray._private import state  # the GCS table; the public state API needs a dashboard
+
+        return state.actors(actor._actor_id.hex()).get("State")
+    except Exception:
+        return None
+
+
+def await_links(
+    links: list[Link], timeout_s: float, on_timeout: Callable[[str, str], None]
+) -> float:
     """Wait for the last link; on each deadline kill the stuck stage's actor (Ray restarts
-    it and re-runs its tasks). Returns seconds waited."""
+    it and re-runs its tasks) unless it is still starting or restarting (killing it then
+    would only spend restarts). on_timeout(stage, action) hears of each deadline. Returns
+    seconds waited."""
     t0 = time.perf_counter()
     while True:
         ready, _ = ray.wait([links[-1].ref], timeout=timeout_s)
         if ready:
             return time.perf_counter() - t0
         stuck = first_unready(links) or links[-1]
-        on_timeout(stuck.stage)
-        ray.kill(stuck.actor, no_restart=False)
+        state = actor_state(stuck.actor)
+        if state in (None, "ALIVE"):
+            on_timeout(stuck.stage, "killed")
+            ray.kill(stuck.actor, no_restart=False)
+        else:
+            on_timeout(stuck.stage, f"waiting ({state.lower()})")
 
 
 def diagnose(links: list[Link], error: BaseException) -> StageFailed:

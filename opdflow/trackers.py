@@ -5,7 +5,9 @@ admission checks may use the same interface. The run directory's metrics.parquet
 sink that is always on (it wraps `RunDir.add_metrics`, so metrics are written once);
 TensorBoard, Weights & Biases and MLflow are chosen with `log.sinks` in the pipeline or
 `opdflow run --log wandb,tensorboard`. Every sink sees the same names as the metrics.parquet
-columns. The run's parameters (flattened config, recipe, k policy, package versions) are
+columns, with the same values except the profiler's STEP_COLUMNS: sinks keep the live
+estimate logged at the step, metrics.parquet the exact value recomputed at the end of the
+run (streaming sinks cannot rewrite history). The run's parameters (flattened config, recipe, k policy, package versions) are
 logged once at open. Tracker packages are optional extras, imported only when chosen.
 """
 

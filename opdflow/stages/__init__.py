@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 from opdflow.config import StageResources
@@ -46,6 +47,21 @@ class StageActor(SpanRecorder):
         """The actor's process id (fault-injection tests kill it)."""
         return os.getpid()
 
+    def fetch_weights(
+        self, version: int, weights_box: list, step: int, load: Callable[[dict, int], None]
+    ) -> None:
+        """Fetch a weights version from the object store and `load(state, version)` it, timed
+        as a "fetch" span. The ref arrives boxed in a list so Ray passes it unresolved and
+        the fetch happens only when the version changed."""
+        import ray
+
+        from opdflow.weights import unpack
+
+        with self.span("fetch", step, version) as s:
+            packed = ray.get(weights_box[0])
+            load(unpack(packed), version)
+            s["bytes"] = packed.nbytes
+
 
 class VersionedModel(StageActor):
     """Mixin: a model that loads weights versions from the object store only when they change."""
@@ -54,16 +70,8 @@ class VersionedModel(StageActor):
     version: int = 0
 
     def _ensure_version(self, version: int, weights_box: list, step: int = -1) -> None:
-        if version == self.version:
-            return
-        import ray
-
-        from opdflow.weights import unpack
-
-        with self.span("fetch", step, version) as s:
-            packed = ray.get(weights_box[0])
-            self._load(unpack(packed), version)
-            s["bytes"] = packed.nbytes
+        if version != self.version:
+            self.fetch_weights(version, weights_box, step, self._load)
 
     def _load(self, state: dict, version: int) -> None:
         self.model.load_state_dict(state, strict=True)

@@ -44,14 +44,7 @@ class Evaluator(StageActor):
         seed: int,
     ) -> dict:
         if version != self.engine.version:
-            import ray
-
-            from opdflow.weights import unpack
-
-            with self.span("fetch", -1, version) as s:
-                packed = ray.get(weights_box[0])
-                self.engine.load_weights(unpack(packed), version)
-                s["bytes"] = packed.nbytes
+            self.fetch_weights(version, weights_box, -1, self.engine.load_weights)
         with self.span("evaluator", -1, version) as s:
             out = self._heldout(version, prompt_ids, answers, n, max_new_tokens, seed)
             s["tokens"] = int(sum(out["tokens_P"]))

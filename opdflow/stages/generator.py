@@ -43,12 +43,7 @@ class GeneratorWorker(StageActor):
         self, request: GenerationRequest, weights_box: list, step: int = -1
     ) -> RolloutBatch:
         if request.version != self.engine.version:
-            from opdflow.weights import unpack
-
-            with self.span("fetch", step, request.version) as s:
-                packed = ray.get(weights_box[0])
-                self.engine.load_weights(unpack(packed), request.version)
-                s["bytes"] = packed.nbytes
+            self.fetch_weights(request.version, weights_box, step, self.engine.load_weights)
         with self.span("generator", step, request.version) as s:
             batch = self.engine.generate(request)
             s["tokens"] = batch.num_tokens
@@ -65,9 +60,7 @@ class GeneratorWorker(StageActor):
     def load(self, version: int, weights_box: list) -> int:
         """Fetch a weights version now (a new replica joining); returns the loaded version."""
         if version != self.engine.version:
-            from opdflow.weights import unpack
-
-            self.engine.load_weights(unpack(ray.get(weights_box[0])), version)
+            self.fetch_weights(version, weights_box, -1, self.engine.load_weights)
         return self.engine.version
 
     def ping(self) -> bool:

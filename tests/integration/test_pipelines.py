@@ -21,20 +21,25 @@ def test_pipeline_loads_and_validates(spec):
     assert cfg.train.steps > 0
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s).name)
-def test_pipeline_runs_tiny(spec, tmp_path, tiny):
+@pytest.fixture(scope="module")
+def cluster():
+    """One embedded cluster for every pipeline (as `opdflow run` starts), stopped after."""
     import ray
 
-    from opdflow.controller import run_pipeline
     from opdflow.raycluster import connect
+
+    connect()
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: Path(s).name)
+def test_pipeline_runs_tiny(spec, tmp_path, tiny, cluster):
+    from opdflow.controller import run_pipeline
     from opdflow.rundir import RunDir, read_table
 
     cfg = load_pipeline(spec, ["train.steps=3", "eval.every=3", "eval.prompts=8"])
-    connect()
-    try:
-        run = RunDir.create(cfg, tmp_path / "run")
-        summary = run_pipeline(cfg, run)
-    finally:
-        ray.shutdown()
+    run = RunDir.create(cfg, tmp_path / "run")
+    summary = run_pipeline(cfg, run)
     assert summary["steps"] == 3
     assert len(read_table(run.path / "metrics.parquet")) == 3

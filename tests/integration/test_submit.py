@@ -89,7 +89,7 @@ def ray_head(tiny):
             os.environ["RAY_AUTH_MODE"] = saved_auth
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

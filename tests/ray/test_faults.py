@@ -66,9 +66,9 @@ def _check_exactly_once_within_bound(summary, run, k):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("seed", "k"), [(11, 0), (12, 2), (13, 1), (14, 3)])
+@pytest.mark.parametrize(("seed", "k"), [(11, 0), (12, 2)])
 def test_runs_survive_killed_stage_processes(seed, k, tmp_path, ray_local, tiny):
-    killer = Killer(seed, kills=5)  # 4 runs x 5 = 20 kills across the suite
+    killer = Killer(seed, kills=5)  # sync and async: 10 kills per suite run
     cfg = _cfg(k)
     run = RunDir.create(cfg, tmp_path / "run")
     summary = run_pipeline(cfg, run, on_step=killer.on_step, on_start=killer.on_start)

@@ -62,6 +62,21 @@ def weights(rollout_cluster, tiny):
     return ray.put(pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0))
 
 
+@pytest.fixture
+def pools():
+    """Pools a test made; their replicas are killed afterwards, even when the test failed
+    (a failed test's traceback would otherwise keep them holding the rollout resource)."""
+    made: list[GeneratorPool] = []
+    yield made
+    for pool in made:
+        for handle in pool.workers:
+            ray.kill(handle)
+
+
+def _refs(links):
+    return [link.ref for link in links]
+
+
 def _requests(tokenizer, count, version=0, max_new_tokens=8):
     ids = tokenizer.encode("Q:123+045=")
     return [
@@ -80,24 +95,25 @@ def _wait_ready(pool, n, timeout=120):
         time.sleep(0.2)
 
 
-def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tokenizer):
+def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tokenizer, pools):
     pool = GeneratorPool(
         [make_worker()], make_worker, 1, 3, idle_grace_s=1.0, pending_timeout_s=1.0
     )
+    pools.append(pool)
     _wait_ready(pool, 1)
     assert pool.rescale() == []  # nothing queued: no change
-    refs = pool.submit(_requests(tokenizer, 6), weights)
+    refs = _refs(pool.submit(_requests(tokenizer, 6), weights))
     events = pool.rescale()
     assert [e["action"] for e in events] == ["add"]
     assert events[0]["pending"] == 1
     assert pool.rescale() == [] or pool.status()["ready"] == 2  # one pending at a time
     _wait_ready(pool, 2)
     new = pool.replicas[1]
-    refs += pool.submit(_requests(tokenizer, 6), weights)
+    refs += _refs(pool.submit(_requests(tokenizer, 6), weights))
     assert new.inflight  # the new replica takes work once ready
     assert [e["action"] for e in pool.rescale()] == ["add"]  # a third: no rollout left
     third = pool.replicas[2]
-    refs += pool.submit(_requests(tokenizer, 4), weights)
+    refs += _refs(pool.submit(_requests(tokenizer, 4), weights))
     assert not third.inflight  # a pending replica gets no work
     batches = ray.get(refs)  # nothing lost
     assert len(batches) == 16 and all(b.num_responses == 16 for b in batches)
@@ -115,17 +131,18 @@ def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tok
     assert pool.status() == {"ready": 1, "pending": 0, "retiring": 0, "queued": 0}
 
 
-def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer):
+def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, pools):
     pool = GeneratorPool([make_worker(), make_worker()], make_worker, 1, 2, idle_grace_s=60)
+    pools.append(pool)
     _wait_ready(pool, 2)
-    refs = pool.submit(_requests(tokenizer, 6, max_new_tokens=16), weights)
+    refs = _refs(pool.submit(_requests(tokenizer, 6, max_new_tokens=16), weights))
     busy = [r for r in pool.replicas if r.inflight]
     assert len(busy) == 2
     pool.max_replicas = 1
     events = pool.rescale()
     assert [e["action"] for e in events] == ["retire"]
     retiring = next(r for r in pool.replicas if r.retiring)
-    more = pool.submit(_requests(tokenizer, 2), weights)
+    more = _refs(pool.submit(_requests(tokenizer, 2), weights))
     assert all(ref not in retiring.inflight for ref in more)  # no new work for it
     batches = ray.get(refs + more)  # its in-flight work completed
     assert all(b.num_responses == 16 for b in batches)
@@ -133,11 +150,12 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer):
     assert len(pool.replicas) == 1
 
 
-def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer):
+def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer, pools):
     from opdflow.models import load_model
     from opdflow.weights import pack
 
     pool = GeneratorPool([make_worker()], make_worker, 1, 2, idle_grace_s=60)
+    pools.append(pool)
     v3 = ray.put(pack(load_model(str(tiny.teacher), "bfloat16").state_dict(), 3))
     pool.submit(_requests(tokenizer, 3, version=3), v3)
     _wait_ready(pool, 1)
@@ -157,7 +175,9 @@ def test_pipeline_asks_for_a_replica_under_queued_work_and_trains_every_step_onc
         PipelineConfig(name="pool"),
         [
             f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8", "staleness.k=2",
-            "engine.min_replicas=1", "engine.max_replicas=2", "engine.scale_down_idle_s=1",
+            "engine.min_replicas=1", "engine.max_replicas=2", "engine.scale_down_idle_s=3",
+            # generation-bound: hot sampling rarely ends early, so every response runs 96 tokens
+            "engine.temperature=3.0", "engine.max_new_tokens=96", "resources.learner.torch_threads=2",
             "resources.generator.num_cpus=0", 'resources.generator.resources={"rollout": 1}',
         ],
     )  # fmt: skip

@@ -20,9 +20,8 @@ def _run(tmp_path, k, steps, extra=()):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, ray_local, tiny):
-    tmp = tmp_path_factory.mktemp("runs")
-    return {k: _run(tmp, k, steps=30) for k in (0, 2)}
+def runs(tmp_path_factory, ray_local, tiny, k0_run):
+    return {0: k0_run, 2: _run(tmp_path_factory.mktemp("runs"), 2, steps=30)}
 
 
 @pytest.mark.parametrize("k", [0, 2])

@@ -11,13 +11,18 @@ from opdflow.controller import run_pipeline
 from opdflow.rundir import RunDir, read_table
 
 
-def _plasma_objects() -> int:
-    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
-    return int(re.search(r"Plasma memory usage \d+ MiB, (\d+) objects", text).group(1))
+def _referenced_bytes() -> float:
+    """Bytes of the objects something still references (Ray frees unreferenced ones in
+    batches, so the plasma object count is a sawtooth even without a leak)."""
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, num_entries=1)
+    return float(re.search(r"Mem Used by Objects.*\n\s*([\d.]+) B", text).group(1))
 
 
 @pytest.mark.slow
 def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_local, tiny):
+    from opdflow.models import load_model
+    from opdflow.weights import pack
+
     k = 2
     cfg = apply_overrides(
         PipelineConfig(name="long"),
@@ -31,16 +36,17 @@ def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_loc
             "reliability.checkpoint_every=0",
         ],
     )
-    objects = {}
+    referenced = {}
 
     def on_step(row):
         if row["step"] % 25 == 24:
-            objects[row["step"]] = _plasma_objects()
+            referenced[row["step"]] = _referenced_bytes()
 
     run = RunDir.create(cfg, tmp_path / "run")
     run_pipeline(cfg, run, on_step=on_step)
     metrics = read_table(run.path / "metrics.parquet")
     assert len(metrics) == 200
     assert max(r["live_weight_versions"] for r in metrics) <= k + 2
-    early, late = objects[49], max(v for s, v in objects.items() if s >= 99)
-    assert late <= early + 2, objects  # flat: no growth with steps
+    version_bytes = pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0).nbytes
+    # at most the live versions plus one in a task's arguments, and small batches: flat
+    assert max(referenced.values()) <= (k + 3) * version_bytes + 1e6, referenced

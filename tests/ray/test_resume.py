@@ -1,5 +1,7 @@
-"""Checkpoint and resume: clean stops, killed drivers, exact continuation at k = 0."""
+"""Checkpoint and resume: a clean stop continues exactly at k = 0; a SIGKILLed driver of an
+asynchronous run resumes from its last checkpoint, each step trained once within the bound."""
 
+import json
 import math
 import os
 import signal
@@ -89,14 +91,6 @@ def test_sync_resume_matches_an_uninterrupted_run_exactly(tmp_path, ray_local, t
     assert held_full == held_resumed
 
 
-def test_async_resume_keeps_the_bound_and_exactly_once(tmp_path, ray_local, tiny):
-    summary = _interrupted(_cfg(k=2), tmp_path / "run", stop_after=3)
-    metrics = read_table(tmp_path / "run" / "metrics.parquet")
-    assert [r["step"] for r in metrics] == list(range(8))
-    assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)
-    assert [s for s, _ in summary["trained_steps_record"]] == list(range(8))
-
-
 @pytest.mark.slow
 def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path, tiny):
     run_dir = tmp_path / "run"
@@ -137,4 +131,6 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path, tiny):
     assert f"resuming at step {killed_at}" in done.stderr
     metrics = read_table(run_dir / "metrics.parquet")
     assert [r["step"] for r in metrics] == list(range(16))
-    assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)
+    assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)  # async (k = 2) resume
+    record = json.loads((run_dir / "summary.json").read_text())["trained_steps_record"]
+    assert [s for s, _ in record] == list(range(16))  # the learner trained each step once

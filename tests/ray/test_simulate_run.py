@@ -5,29 +5,20 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
+from opdflow.rundir import read_table
 from opdflow.simulator import SimConfig, StageTimes, simulate
-
-STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, ray_local, tiny):
-    cfg = apply_overrides(
-        PipelineConfig(name="sim-source"),
-        ["staleness.k=0", f"train.steps={STEPS}", f"eval.every={STEPS}", "eval.prompts=8"],
-    )
-    run = RunDir.create(cfg, tmp_path_factory.mktemp("sim") / "run")
-    run_pipeline(cfg, run)
-    return run.path
+def run_dir(k0_run):
+    return k0_run[2].path
 
 
 def test_stage_times_come_from_the_spans(run_dir):
     times = StageTimes.from_run(run_dir)
     assert times.prompts_per_step == 8 and times.responses_per_prompt == 8
-    assert len(times.gen_chunk_s) == STEPS - times.warmup_steps
+    steps = len(read_table(run_dir / "metrics.parquet"))
+    assert len(times.gen_chunk_s) == steps - times.warmup_steps
     for name in ("gen_chunk_s", "learner_s_per_token", "rescorer_s_per_token", "publish_s"):
         assert (getattr(times, name) > 0).all(), name
     assert 1 <= times.response_lengths.mean() <= times.max_new_tokens

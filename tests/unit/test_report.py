@@ -6,6 +6,7 @@ import pytest
 from report_runs import make_run, make_sweep
 
 from opdflow.config import ConfigError
+from opdflow.profiler import union_seconds
 from opdflow.report import (
     bottleneck,
     busy_shares,
@@ -15,7 +16,6 @@ from opdflow.report import (
     load_run,
     run_shares,
     sweep_rows,
-    union_seconds,
     version_times,
     write_report,
 )
