@@ -20,10 +20,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,8 @@ address, run_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ray.init(address=address, configure_logging=False)
 deadline = time.time() + 120
 while rollout_nodes() < 1:  # min_workers: one rollout node before the run
-    assert time.time() < deadline, ray.nodes()
+    if time.time() > deadline:  # liveness guard, not a speed check
+        raise TimeoutError(f"no rollout node joined; nodes: {ray.nodes()}")
     time.sleep(1)
 cfg = apply_overrides(PipelineConfig(name="autoscale"), [
     f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8", "staleness.k=2",
@@ -144,11 +145,12 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
         env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        deadline = time.time() + 180
-        while not _listening(port):  # the head's GCS is up before the driver connects
+
+        def head_up() -> bool:  # the head's GCS is up before the driver connects
             assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
-            assert time.time() < deadline, (tmp_path / "head.log").read_text()[-3000:]
-            time.sleep(1)
+            return _listening(port)
+
+        wait_until(head_up, 180, lambda: (tmp_path / "head.log").read_text()[-3000:], 1.0)
         steps = 60
         driver = subprocess.run(
             [sys.executable, "-c", DRIVER, f"127.0.0.1:{port}", str(tmp_path / "run"), str(steps)],

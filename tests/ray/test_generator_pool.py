@@ -7,10 +7,9 @@ autoscaler itself is exercised in test_autoscaling.py.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
+from waiting import wait_until
 
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.stages.generator import GeneratorPool, GeneratorWorker
@@ -88,11 +87,8 @@ def _requests(tokenizer, count, version=0, max_new_tokens=8):
     ]  # fmt: skip
 
 
-def _wait_ready(pool, n, timeout=120):
-    deadline = time.time() + timeout
-    while pool.status()["ready"] < n:
-        assert time.time() < deadline, pool.status()
-        time.sleep(0.2)
+def _wait_ready(pool, n):
+    wait_until(lambda: pool.status()["ready"] >= n, 300, pool.status)
 
 
 def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tokenizer, pools):
@@ -119,11 +115,12 @@ def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tok
     assert len(batches) == 16 and all(b.num_responses == 16 for b in batches)
     assert pool.status() == {"ready": 2, "pending": 1, "retiring": 0, "queued": 0}
     events = []
-    deadline = time.time() + 30
-    while len(pool.replicas) > 1:  # idle: back to min, one replica per grace period
-        assert time.time() < deadline, events
-        time.sleep(0.3)
-        events += pool.rescale()
+
+    def back_to_min() -> bool:  # idle: back to min, one replica per grace period
+        events.extend(pool.rescale())
+        return len(pool.replicas) == 1
+
+    wait_until(back_to_min, 120, lambda: events, poll_s=0.3)
     retires = [e for e in events if e["action"] == "retire"]
     assert len(retires) == 2 and sum(e["action"] == "removed" for e in events) == 2, events
     assert "not ready" in retires[0]["reason"]  # the never-placed one goes first
