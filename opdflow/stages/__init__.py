@@ -47,12 +47,19 @@ class StageActor(SpanRecorder):
         """The actor's process id (fault-injection tests kill it)."""
         return os.getpid()
 
-    def fetch_weights(
-        self, version: int, weights_box: list, step: int, load: Callable[[dict, int], None]
+    def ensure_weights(
+        self,
+        version: int,
+        current: int,
+        weights_box: list,
+        step: int,
+        load: Callable[[dict, int], None],
     ) -> None:
-        """Fetch a weights version from the object store and `load(state, version)` it, timed
-        as a "fetch" span. The ref arrives boxed in a list so Ray passes it unresolved and
-        the fetch happens only when the version changed."""
+        """Unless `current` is already `version`, fetch that weights version from the object
+        store and `load(state, version)` it, timed as a "fetch" span. The ref arrives boxed in
+        a list so Ray passes it unresolved: nothing is fetched when the version is current."""
+        if version == current:
+            return
         import ray
 
         from opdflow.weights import unpack
@@ -70,8 +77,7 @@ class VersionedModel(StageActor):
     version: int = 0
 
     def _ensure_version(self, version: int, weights_box: list, step: int = -1) -> None:
-        if version != self.version:
-            self.fetch_weights(version, weights_box, step, self._load)
+        self.ensure_weights(version, self.version, weights_box, step, self._load)
 
     def _load(self, state: dict, version: int) -> None:
         self.model.load_state_dict(state, strict=True)

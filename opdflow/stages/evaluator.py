@@ -43,8 +43,7 @@ class Evaluator(StageActor):
         max_new_tokens: int,
         seed: int,
     ) -> dict:
-        if version != self.engine.version:
-            self.fetch_weights(version, weights_box, -1, self.engine.load_weights)
+        self.ensure_weights(version, self.engine.version, weights_box, -1, self.engine.load_weights)
         with self.span("evaluator", -1, version) as s:
             out = self._heldout(version, prompt_ids, answers, n, max_new_tokens, seed)
             s["tokens"] = int(sum(out["tokens_P"]))

@@ -42,8 +42,8 @@ class GeneratorWorker(StageActor):
     def generate(
         self, request: GenerationRequest, weights_box: list, step: int = -1
     ) -> RolloutBatch:
-        if request.version != self.engine.version:
-            self.fetch_weights(request.version, weights_box, step, self.engine.load_weights)
+        engine = self.engine
+        self.ensure_weights(request.version, engine.version, weights_box, step, engine.load_weights)
         with self.span("generator", step, request.version) as s:
             batch = self.engine.generate(request)
             s["tokens"] = batch.num_tokens
@@ -59,8 +59,7 @@ class GeneratorWorker(StageActor):
 
     def load(self, version: int, weights_box: list) -> int:
         """Fetch a weights version now (a new replica joining); returns the loaded version."""
-        if version != self.engine.version:
-            self.fetch_weights(version, weights_box, -1, self.engine.load_weights)
+        self.ensure_weights(version, self.engine.version, weights_box, -1, self.engine.load_weights)
         return self.engine.version
 
     def ping(self) -> bool:
