@@ -8,8 +8,9 @@ drive it step by step. The rules, in order of precedence:
 1. Budget (safety, immediate): the mean d_stale measured at staleness s (recent steps)
    above `budget_nats` bans every k >= s; k drops below the ban at once.
 2. Raise: after max(2, window // 2) settled steps at this k (then over the last `window`
-   settled steps), a trainer wait share above
-   `target_wait_share` raises k: to the k that would hide the measured generation
+   settled steps), or after 2 when the wait share is over `QUICK` times the target (no
+   noise hides a trainer idle for a third of every step, and each such step is lost
+   throughput), a trainer wait share above `target_wait_share` raises k: to the k that would hide the measured generation
    latency (`_k_needed`), at least by one, unless k is at k_max or the predicted d_stale at
    k + 1 (the worst measured d_stale per staleness step, times k + 1) breaks the budget;
    then it asks for more generator replicas instead (at most once per window).
@@ -47,6 +48,8 @@ class _Level:
 
 class AdaptiveStaleness:
     """Chooses k in [0, k_max] from the trainer's wait share and the d_stale budget."""
+
+    QUICK = 5.0  # a wait share this many times the target raises k after 2 settled steps
 
     def __init__(
         self,
@@ -151,7 +154,9 @@ class AdaptiveStaleness:
                 )
         settled = self._settled()
         probing = self._probe == self._k
-        if len(settled) < max(2, self.window // 2):
+        if len(settled) < 2 or (
+            len(settled) < self.window // 2 and self._share(settled) <= self.QUICK * self.target
+        ):
             return None
         n = min(len(settled), self.window)  # a quick first look, then a full window
         share = self._share(settled[-n:])

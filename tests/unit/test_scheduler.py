@@ -152,9 +152,10 @@ def test_invariants_under_random_stage_timings(
         budget_cap = "budget" in d.reason
         assert d.new_k > d.old_k or d.new_k == d.old_k - 1 or (budget_cap and d.new_k < k)
         # hysteresis: a change only after the previous one settled (k + 1 steps) and
-        # max(2, window // 2) steps were measured; a lower k only after 4 * window steps
+        # max(2, window // 2) steps were measured (2 when the wait is QUICK x the target);
+        # a lower k only after 4 * window steps
         if last_step is not None and not budget_cap:
-            gap = max(2, window // 2) if d.new_k > d.old_k else 4 * window
+            gap = 2 if d.new_k > d.old_k else 4 * window
             assert d.step - last_step >= k + 1 + gap, (d, last_step)
         last_step, k = d.step, d.new_k
     # budget: with d_stale = c * staleness, at most the first probe of a level can break it,
@@ -213,6 +214,20 @@ def test_within_five_percent_of_the_best_fixed_k():
     )
     adaptive = simulate(AdaptiveStaleness(8, 0.02), stage_s, train_s, steps, jitter=0.1)
     assert adaptive.total_s <= best / 0.95
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "first_change"),
+    [(0.4, 2), (0.06, 4)],  # share 40% (> QUICK x 2%): 2 settled steps; 6%: window // 2
+)
+def test_an_overwhelming_wait_raises_k_sooner(wait_s, first_change):
+    policy = AdaptiveStaleness(k_max=4, target_wait_share=0.02, window=8)
+    changes = [
+        step
+        for step in range(8)
+        if policy.observe(StepObservation(step, wait_s, 1.0, float("nan"), 0))
+    ]
+    assert changes[0] == first_change  # k = 0 settles after 1 step, then 2 or 4 measured
 
 
 def test_lowers_k_when_the_wait_is_gone():
