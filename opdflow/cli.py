@@ -122,3 +122,6 @@ main.add_command(_jobs.stop)
 
 if __name__ == "__main__":
     main()
+from opdflow.commands.study import study as _study  # noqa: E402
+
+main.add_command(_study)

@@ -331,6 +331,36 @@ def _light() -> StageResources:
     return StageResources(num_cpus=0.0)
 
 
+STAGES = ("generator", "learner", "rescorer", "teacher", "evaluator")
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass
+class PlacementConfig:
+    """Ray placement groups: stages whose actors are reserved together, packed or spread."""
+
+    groups: list[list[str]] = field(default_factory=list)
+    """Each a list of stage names (generator, learner, rescorer, teacher, evaluator) whose
+    actors get one placement group, one bundle per actor (the generator: one per starting
+    replica; replicas the pool adds later are placed outside it). [] = no placement groups."""
+    strategy: str = "PACK"
+    """Ray strategy of every group: PACK, SPREAD, STRICT_PACK (one node) or STRICT_SPREAD."""
+
+    def validate(self, path: str) -> None:
+        _one_of(f"{path}.strategy", self.strategy, STRATEGIES)
+        seen: set[str] = set()
+        for i, group in enumerate(self.groups):
+            if not isinstance(group, list) or not group:
+                _fail(f"{path}.groups[{i}]", group, "a non-empty list of stage names")
+            for stage in group:
+                _one_of(f"{path}.groups[{i}]", stage, STAGES)
+                if stage in seen:
+                    _fail(
+                        f"{path}.groups[{i}]", group, f"each stage in one group ({stage!r} twice)"
+                    )
+                seen.add(stage)
+
+
 @dataclass
 class ResourcesConfig:
     """Resources per stage."""
@@ -345,6 +375,8 @@ class ResourcesConfig:
     """The teacher scorer."""
     evaluator: StageResources = field(default_factory=_light)
     """The held-out evaluator."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Placement groups for stages that must share a node or be spread."""
 
     def validate(self, path: str) -> None:
         for f in dataclasses.fields(self):

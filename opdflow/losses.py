@@ -1,7 +1,11 @@
-"""Learner objectives: the OPD policy gradient of DESIGN.md and its off-by-default options.
+"""Learner objectives: the OPD policy gradient of DESIGN.md, its off-by-default options,
+and the RL baselines the study compares it with.
 
-The advantage A_t = sg(logp_teacher - logp_learner) makes matching the teacher a
-stationary point whatever engine produced the tokens. Pure torch; shapes in names.
+The OPD advantage A_t = sg(logp_teacher - logp_learner) makes matching the teacher a
+stationary point whatever engine produced the tokens. The RL baselines (REINFORCE, GRPO)
+have no such anchor: their advantage is a 0/1 correctness reward per response, the same
+for every token. Every objective is the same token-level policy gradient
+-(sum_t w_t A_t logp_learner_t) / tokens; only A differs. Pure torch; shapes in names.
 """
 
 from __future__ import annotations
@@ -18,25 +22,52 @@ class LossOptions:
     advantage_from: str = "learner"
     is_clip: float = 0.0
     center_advantage: bool = False
+    loss: str = "opd"
 
 
-def opd_loss(
+def rl_advantage(reward_B: torch.Tensor, group_B: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-response advantage: "reinforce" = the reward itself (no baseline); "grpo" = the
+    reward standardised within its prompt's group of responses (mean 0, std 1; 0 where the
+    group's rewards are all equal)."""
+    if kind == "reinforce":
+        return reward_B
+    if kind != "grpo":
+        raise ValueError(f"unknown RL objective {kind!r}: expected 'reinforce' or 'grpo'")
+    _, inv = torch.unique(group_B, return_inverse=True)
+    n = torch.zeros(int(inv.max()) + 1).index_add_(0, inv, torch.ones_like(reward_B))
+    mean = torch.zeros_like(n).index_add_(0, inv, reward_B) / n
+    var = torch.zeros_like(n).index_add_(0, inv, (reward_B - mean[inv]) ** 2) / n
+    return (reward_B - mean[inv]) / (var[inv].sqrt() + 1e-6)
+
+
+def policy_loss(
     logp_learner_B_T: torch.Tensor,
-    logp_teacher_B_T: torch.Tensor,
+    logp_teacher_B_T: torch.Tensor | None,
     mask_B_T: torch.Tensor,
     logp_engine_B_T: torch.Tensor | None = None,
     options: LossOptions = LossOptions(),
+    reward_B: torch.Tensor | None = None,
+    group_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """-(sum_t w_t A_t logp_learner_t) / tokens with A_t = sg(logp_teacher - logp_{learner|engine})."""
+    """-(sum_t w_t A_t logp_learner_t) / tokens.
+
+    A_t = sg(logp_teacher - logp_{learner|engine}) for "opd"; the per-response RL advantage
+    of `reward_B` (grouped by `group_B`) for "reinforce" and "grpo"."""
     mask = mask_B_T.to(logp_learner_B_T.dtype)
     tokens = mask.sum().clamp_min(1.0)
-    if options.advantage_from == "engine":
-        if logp_engine_B_T is None:
-            raise ValueError("advantage_from='engine' needs logp_engine")
-        baseline = logp_engine_B_T
+    if options.loss == "opd":
+        if options.advantage_from == "engine":
+            if logp_engine_B_T is None:
+                raise ValueError("advantage_from='engine' needs logp_engine")
+            baseline = logp_engine_B_T
+        else:
+            baseline = logp_learner_B_T
+        adv_B_T = (logp_teacher_B_T - baseline).detach()
     else:
-        baseline = logp_learner_B_T
-    adv_B_T = (logp_teacher_B_T - baseline).detach()
+        if reward_B is None or group_B is None:
+            raise ValueError(f"loss {options.loss!r} needs a reward per response and its group")
+        adv_B = rl_advantage(reward_B.to(mask.dtype), group_B, options.loss)
+        adv_B_T = adv_B[:, None].expand_as(mask)
     if options.center_advantage:
         adv_B_T = adv_B_T - (adv_B_T * mask).sum() / tokens
     weight_B_T = torch.ones_like(adv_B_T)
@@ -47,6 +78,9 @@ def opd_loss(
             max=options.is_clip
         )
     loss = -(weight_B_T * adv_B_T * logp_learner_B_T * mask).sum() / tokens
-    with torch.no_grad():
-        reverse_kl = ((logp_learner_B_T - logp_teacher_B_T) * mask).sum() / tokens
-    return loss, {"loss": float(loss.detach()), "train_kl": float(reverse_kl)}
+    stats = {"loss": float(loss.detach())}
+    if logp_teacher_B_T is not None:
+        with torch.no_grad():
+            reverse_kl = ((logp_learner_B_T - logp_teacher_B_T) * mask).sum() / tokens
+        stats["train_kl"] = float(reverse_kl)
+    return loss, stats

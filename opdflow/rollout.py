@@ -46,6 +46,9 @@ class RolloutBatch:
     """Teacher full log-distribution, only when asked for (held-out KL)."""
     gen_seconds: float = 0.0
     """Wall seconds the engine spent generating this batch."""
+    reward_B: np.ndarray | None = None
+    """0/1 correctness of each response against its reference answer (GeneratorWorker), where
+    the task has answers: the RL baselines' reward, and a training-accuracy metric for OPD."""
 
     @property
     def num_responses(self) -> int:
@@ -91,7 +94,7 @@ def concat(batches: list[RolloutBatch]) -> RolloutBatch:
             kw[f.name] = _pad_cat(values, left=True, fill=0)
         elif f.name.startswith("prompt_mask"):
             kw[f.name] = _pad_cat(values, left=True, fill=False)
-        elif f.name in ("prompt_index_B",):
+        elif f.name.endswith("_B") and all(v is not None for v in values):
             kw[f.name] = np.concatenate(values)
         elif f.name == "answers":
             kw[f.name] = [a for v in values for a in v]

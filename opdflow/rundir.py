@@ -101,6 +101,17 @@ class RunDir:
         _write_table(self.path / "heldout.parquet", self.heldout)
 
 
+def same_config(path: str | Path, cfg: PipelineConfig) -> bool:
+    """A run directory in `path` was made with exactly this config (run_dir aside)."""
+    p = Path(path) / "config.json"
+    if not p.is_file():
+        return False
+    done = json.loads(p.read_text())
+    want = json.loads(json.dumps(cfg.to_dict(), default=str))
+    done.pop("run_dir", None), want.pop("run_dir", None)
+    return done == want
+
+
 def read_table(path: str | Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 

@@ -58,3 +58,9 @@ def write_parquet(path: Path, prompts: list[str], answers: list[str]) -> None:
 def is_correct(response: str, answer: str | None) -> bool:
     """Exact match of the response (whitespace stripped) with the reference answer."""
     return answer is not None and response.strip() == str(answer).strip()
+
+
+def correctness(batch, tok) -> np.ndarray:
+    """0/1 per response of a RolloutBatch: is its decoded text (EOS dropped) the answer?"""
+    texts = batch.response_texts(lambda ids: tok.decode([i for i in ids if i != tok.eos_token_id]))
+    return np.array([is_correct(t, a) for t, a in zip(texts, batch.answers)], dtype=np.float32)

@@ -323,14 +323,6 @@ def _points_table(points, title: str, console) -> None:
     console.print(t)
 
 
-def _same_config(path, cfg) -> bool:
-    """A finished run in `path` was made with exactly this config (run_dir aside)."""
-    done = json.loads((path / "config.json").read_text())
-    want = json.loads(json.dumps(cfg.to_dict(), default=str))
-    done.pop("run_dir", None), want.pop("run_dir", None)
-    return done == want
-
-
 def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tuple[str, list[str]]:
     """Short runs along the noise ladder plus the bf16 standard; returns their directories.
 
@@ -343,7 +335,7 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
     from opdflow.config import load_pipeline
     from opdflow.controller import run_pipeline
     from opdflow.raycluster import connect
-    from opdflow.rundir import RunDir
+    from opdflow.rundir import RunDir, same_config
 
     err = Console(stderr=True)
     started = connect()
@@ -361,7 +353,7 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
                 ],
             )
             path = Path(out_dir) / recipe.replace("(", "-").replace(")", "")
-            if (path / "summary.json").is_file() and _same_config(path, cfg):
+            if (path / "summary.json").is_file() and same_config(path, cfg):
                 err.print(f"[{i}/{len(recipes)}] {recipe}: reusing the finished run {path}")
                 paths.append(str(path))
                 continue

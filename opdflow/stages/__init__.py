@@ -47,6 +47,12 @@ class StageActor(SpanRecorder):
         """The actor's process id (fault-injection tests kill it)."""
         return os.getpid()
 
+    def placement_group_id(self) -> str | None:
+        """Hex id of the placement group the actor runs in (None outside any)."""
+        import ray
+
+        return ray.get_runtime_context().get_placement_group_id()
+
     def ensure_weights(
         self,
         version: int,

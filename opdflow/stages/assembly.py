@@ -19,6 +19,7 @@ from opdflow.config import PipelineConfig, StageResources
 from opdflow.data import PromptSampler, PromptSet, load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.models import resolve_models
+from opdflow.placement import Placement
 from opdflow.profiler import Profiler
 from opdflow.raycluster import connect
 from opdflow.rundir import RunDir
@@ -36,8 +37,13 @@ def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
     return FixedStaleness(cfg.staleness.k)
 
 
-def _actor(cls: type, res: StageResources, restarts: int, *args: Any) -> Any:
-    return ray.remote(cls).options(**actor_options(res, max_restarts=restarts)).remote(*args)
+def _actor(
+    cls: type, res: StageResources, restarts: int, *args: Any, scheduling: Any = None
+) -> Any:
+    opts = actor_options(res, max_restarts=restarts)
+    if scheduling is not None:
+        opts["scheduling_strategy"] = scheduling
+    return ray.remote(cls).options(**opts).remote(*args)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Stages:
     store: WeightStore = field(default_factory=WeightStore)
     evals: dict[int, Any] = field(default_factory=dict)
     started_ray: bool = False
+    placement: Placement | None = None
     t0: float = field(default_factory=time.perf_counter)
 
     @classmethod
@@ -88,11 +95,30 @@ class Stages:
         )
         started = connect(needed)
         e, restarts = cfg.engine, cfg.reliability.max_restarts
+        placement = Placement(r, {"generator": e.replicas})
+        unplaced = placement.reserve(cfg.reliability.startup_timeout_s)
+        if unplaced:
+            have = ray.cluster_resources()
+            placement.release()
+            if started:
+                ray.shutdown()
+            raise StageFailed(
+                "startup",
+                f"placement groups not placed after {cfg.reliability.startup_timeout_s:.0f} s: "
+                f"{unplaced}; the cluster has {have}",
+                "change resources.placement (strategy or groups), lower resources.*, or add nodes",
+            )
         gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
 
         def make_worker() -> Any:
             return _actor(
-                GeneratorWorker, r.generator, restarts, *gen_args, r.generator.torch_threads
+                GeneratorWorker,
+                r.generator,
+                restarts,
+                *gen_args,
+                r.generator.torch_threads,
+                paths.tokenizer,
+                scheduling=placement.scheduling("generator"),
             )
 
         workers = [make_worker() for _ in range(e.replicas)]
@@ -109,9 +135,15 @@ class Stages:
                 paths.student,
                 r.rescorer.torch_threads,
                 e.temperature,
+                scheduling=placement.scheduling("rescorer"),
             ),
             teacher=_actor(
-                TeacherScorer, r.teacher, restarts, paths.teacher, r.teacher.torch_threads
+                TeacherScorer,
+                r.teacher,
+                restarts,
+                paths.teacher,
+                r.teacher.torch_threads,
+                scheduling=placement.scheduling("teacher"),
             ),
             # the learner holds the run's state: never restarted (resume from a checkpoint)
             learner=_actor(
@@ -122,6 +154,7 @@ class Stages:
                 r.learner.torch_threads,
                 cfg.train.__dict__,
                 cfg.seed,
+                scheduling=placement.scheduling("learner"),
             ),
             evaluator=_actor(
                 Evaluator,
@@ -131,6 +164,7 @@ class Stages:
                 paths.teacher,
                 paths.tokenizer,
                 r.evaluator.torch_threads,
+                scheduling=placement.scheduling("evaluator"),
             ),
             train_set=train_set,
             heldout_set=heldout_set,
@@ -138,6 +172,7 @@ class Stages:
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg),
             started_ray=started,
+            placement=placement,
         )
         st.await_started(cfg.reliability.startup_timeout_s)
         return st
@@ -277,6 +312,8 @@ class Stages:
     def shutdown(self) -> None:
         for actor in self.actors().values():
             ray.kill(actor)
+        if self.placement is not None:
+            self.placement.release()
         if self.started_ray:
             self.started_ray = False
             ray.shutdown()

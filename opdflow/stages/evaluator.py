@@ -7,7 +7,6 @@ with different rollout engines are compared on equal footing (the paper's metric
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from opdflow.engines.base import GenerationRequest, SamplingParams
@@ -15,7 +14,7 @@ from opdflow.engines.torch_engine import TorchEngine
 from opdflow.mismatch import exact_kl_per_token
 from opdflow.scoring import token_logprobs
 from opdflow.stages import StageActor, pin_threads
-from opdflow.task import is_correct
+from opdflow.task import correctness
 
 
 class Evaluator(StageActor):
@@ -73,10 +72,7 @@ class Evaluator(StageActor):
         mask = batch.response_mask_B_T
         kl_sum_B = (kl_B_T * mask).sum(1)
         tok_B = mask.sum(1)
-        texts = batch.response_texts(
-            lambda ids: self.tok.decode([i for i in ids if i != self.tok.eos_token_id])
-        )
-        correct_B = np.array([is_correct(t, a) for t, a in zip(texts, batch.answers)], dtype=float)
+        correct_B = correctness(batch, self.tok).astype(float)
         P = len(prompt_ids)
         kl_sum_P = kl_sum_B.reshape(P, n).sum(1)
         tok_P = tok_B.reshape(P, n).sum(1)

@@ -30,7 +30,14 @@ class GeneratorWorker(StageActor):
     """One rollout engine replica (a Ray actor)."""
 
     def __init__(
-        self, model_path: str, pad_id: int, eos_id: int, kind: str, recipe: str, threads: int
+        self,
+        model_path: str,
+        pad_id: int,
+        eos_id: int,
+        kind: str,
+        recipe: str,
+        threads: int,
+        tokenizer_path: str | None = None,
     ):
         pin_threads(threads)
         if kind == "vllm":
@@ -38,6 +45,11 @@ class GeneratorWorker(StageActor):
         else:
             from opdflow.engines.torch_engine import TorchEngine as engine_cls
         self.engine = engine_cls(model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe)
+        self.tok = None  # with a tokenizer, batches carry the 0/1 correctness reward
+        if tokenizer_path is not None:
+            from opdflow.tokenizer import load_tokenizer
+
+            self.tok = load_tokenizer(tokenizer_path)
 
     def generate(
         self, request: GenerationRequest, weights_box: list, step: int = -1
@@ -47,6 +59,10 @@ class GeneratorWorker(StageActor):
         with self.span("generator", step, request.version) as s:
             batch = self.engine.generate(request)
             s["tokens"] = batch.num_tokens
+        if self.tok is not None and any(a is not None for a in batch.answers):
+            from opdflow.task import correctness
+
+            batch.reward_B = correctness(batch, self.tok)
         return batch
 
     def generate_timed(

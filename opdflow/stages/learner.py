@@ -1,4 +1,4 @@
-"""The learner: AdamW on the student with the OPD loss; publishes each new version.
+"""The learner: AdamW on the student with the OPD loss (or an RL baseline); publishes each version.
 
 It keeps FP32 master weights, trains step n on a batch from version v <= n, and
 ray.put()s the BF16 weights of version n+1 as one flat buffer (see weights.py). It also
@@ -15,7 +15,7 @@ from typing import Any
 import ray
 import torch
 
-from opdflow.losses import LossOptions, opd_loss
+from opdflow.losses import LossOptions, policy_loss
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import token_logprobs
@@ -40,7 +40,7 @@ class Learner(StageActor):
         )
         self.train_cfg = train
         self.options = LossOptions(
-            train["advantage_from"], train["is_clip"], train["center_advantage"]
+            train["advantage_from"], train["is_clip"], train["center_advantage"], train["loss"]
         )
         self.version = 0
         self.trained_steps: list[
@@ -65,10 +65,27 @@ class Learner(StageActor):
             )
         t_epoch, t0 = time.time(), time.perf_counter()
         mask = torch.tensor(batch.response_mask_B_T)
-        logp_learner, _ = token_logprobs(self.model, batch)
+        logp_learner, logdist = token_logprobs(self.model, batch, want_logdist=True)
         logp_teacher = torch.tensor(batch.logp_teacher_B_T)
         logp_engine = torch.tensor(batch.logp_engine_B_T)
-        loss, stats = opd_loss(logp_learner, logp_teacher, mask, logp_engine, self.options)
+        reward = None if batch.reward_B is None else torch.tensor(batch.reward_B)
+        if self.options.loss != "opd" and reward is None:
+            raise RuntimeError(
+                f"train.loss={self.options.loss!r} needs a 0/1 reward per response, but the "
+                "batch has none: the prompts have no reference answers (an `answer` column)"
+            )
+        loss, stats = policy_loss(
+            logp_learner,
+            logp_teacher,
+            mask,
+            logp_engine,
+            self.options,
+            reward,
+            torch.tensor(batch.prompt_index_B),
+        )
+        with torch.no_grad():  # collapse signs for the RL baselines: entropy and length
+            ent_B_T = -(logdist.exp() * logdist).sum(-1)
+            entropy = float((ent_B_T * mask).sum() / mask.sum().clamp_min(1))
         lp = logp_learner.detach().numpy()
         d_stale = MismatchStats.of(batch.logp_rescore_B_T, lp, batch.response_mask_B_T)
         d_total = MismatchStats.of(batch.logp_engine_B_T, lp, batch.response_mask_B_T)
@@ -99,6 +116,9 @@ class Learner(StageActor):
             "bad_steps": self.bad_steps,
             "responses": batch.num_responses,
             "tokens": d_engine.tokens,
+            "train_reward": float("nan") if reward is None else float(reward.mean()),
+            "entropy": entropy,
+            "response_len": d_engine.tokens / max(batch.num_responses, 1),
             "d_engine_k1": d_engine.k1,
             "d_engine_k3": d_engine.k3,
             "d_engine_exact": d_engine.exact,

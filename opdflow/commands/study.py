@@ -1,0 +1,269 @@
+"""`opdflow study run` and `opdflow study render`: the paper's findings on the tiny models.
+
+`run` trains every arm of the plan in one Ray cluster (finished runs with the same config
+are reused, so an interrupted study continues where it stopped), makes the admission
+decisions before any training, runs the gradient probes, and writes results.json.
+`render` turns results.json into docs/STUDY.md with its tables and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from opdflow.commands.quality import _dur, _quiet
+
+
+@click.group()
+def study() -> None:
+    """Reproduce the study's findings (shared/PAPER.md) on the tiny models."""
+
+
+@study.command("run")
+@click.option("--quick", is_flag=True, help="The few short runs CI checks (a few minutes).")
+@click.option(
+    "--out",
+    type=click.Path(),
+    default=None,
+    help="Study directory (runs/ and results.json); default runs/study-{full,quick}.",
+)
+@click.option("--tau", type=float, default=0.20, show_default=True, help="Quality-rule tolerance.")
+@click.option(
+    "--line",
+    type=float,
+    default=None,
+    help="Admission line L fixed before training (default: the tiny models' calibrated L).",
+)
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
+def run_study(
+    quick: bool, out: str | None, tau: float, line: float | None, overrides: tuple[str, ...]
+) -> None:
+    """Train every arm, decide admission first, probe gradients; write results.json."""
+    from rich.console import Console
+
+    from opdflow.study import ADMISSION_LINE, StudyResults, plan
+
+    _quiet()
+    err = Console(stderr=True)
+    scale, arms = plan(quick)
+    root = Path(out or f"runs/study-{scale.name}")
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res = StudyResults(scale=scale.__dict__, tau=tau, machine=_machine())
+    admission = _admission(scale, arms, line or ADMISSION_LINE, overrides, err)
+    res.runs = _train(scale, arms, root, tau, overrides, err)
+    _judge_all(res, arms, tau)
+    res.admission = _outcomes(admission, res)
+    res.gradient = _probes(scale, res, overrides, err)
+    _finish(res)
+    (root / "results.json").write_text(json.dumps(res.to_dict(), indent=2, default=str))
+    err.print(f"study {scale.name}: {len(res.runs)} runs in {_dur(time.perf_counter() - t0)}")
+    for c in res.claims:
+        mark = {True: "holds", False: "does not hold", None: "undecided"}[c.holds]
+        err.print(f"  {c.number}. {c.finding}: {mark}. {c.found}")
+    click.echo(str(root / "results.json"))
+
+
+@study.command("render")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--docs", type=click.Path(), default="docs", show_default=True)
+def render_study(results: str, docs: str) -> None:
+    """Write DOCS/STUDY.md and DOCS/study/*.png from a results.json."""
+    from opdflow.study import StudyResults
+    from opdflow.study_doc import render
+
+    res = StudyResults.from_dict(json.loads(Path(results).read_text()))
+    path = render(res, Path(docs), source=results)
+    click.echo(str(path))
+
+
+# ---------------------------------------------------------------- steps of `run`
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "cores": "generator, learner: 1 Ray CPU + 1 torch thread each; rescorer, teacher, "
+        "evaluator: 0 Ray CPU + 1 thread (shared cores)",
+    }
+
+
+def _config(scale, arm, seed: int, overrides):
+    from opdflow.config import PipelineConfig, apply_overrides
+
+    return apply_overrides(PipelineConfig(), [*arm.overrides(scale, seed), *overrides])
+
+
+def _admission(scale, arms, line: float, overrides, err) -> list[dict]:
+    """Experiment 6, before any training: the admission check of every ladder engine."""
+    from opdflow.admission import Budget, decide
+    from opdflow.measure import MeasureSession
+    from opdflow.study import Arm
+
+    recipes = list(dict.fromkeys(a.recipe for a in arms if a.experiment == "ladder"))
+    cfg = _config(scale, Arm("ladder"), 0, overrides)
+    budget = Budget(line, "calibrated before the study (opdflow.study.ADMISSION_LINE)")
+    with err.status("admission checks: loading the student"):
+        session = MeasureSession(cfg, scale.admission_prompts, scale.admission_responses)
+    out = []
+    for recipe in recipes:
+        with err.status(f"admission check {recipe}"):
+            m = session.measure(recipe)
+        d = decide(cfg, m, budget).to_dict()
+        out.append(d)
+        err.print(f"admission {recipe}: D_hat {m.d_k1:.3g} -> {d['decision']} ({m.seconds:.1f} s)")
+    return out
+
+
+def _train(scale, arms, root: Path, tau: float, overrides, err) -> list:
+    """Every arm at its seeds, then a second seed for ladder arms whose verdict is close."""
+    import ray
+
+    from opdflow.raycluster import connect
+    from opdflow.study import judge, needs_repeat
+
+    started = connect()
+    results = []
+    try:
+        todo = [(a, s) for a in arms for s in a.seeds]
+        for i, (arm, seed) in enumerate(todo, 1):
+            results.append(_train_one(scale, arm, seed, root, overrides, err, f"[{i}/{len(todo)}]"))
+        if scale.name == "full":  # a second seed where the first verdict is near tau
+            std = {r.seed: r for r in results if r.arm == arms[0].name}
+            again = []
+            for arm in arms:
+                if arm.experiment != "ladder" or arm.is_standard or 1 in arm.seeds:
+                    continue
+                r0 = next(r for r in results if r.arm == arm.name)
+                if needs_repeat(judge(r0, std[0], tau), tau) and 1 in std:
+                    again.append(arm)
+            for i, arm in enumerate(again, 1):
+                results.append(
+                    _train_one(scale, arm, 1, root, overrides, err, f"[repeat {i}/{len(again)}]")
+                )
+    finally:
+        if started:
+            ray.shutdown()
+    return results
+
+
+def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
+    from opdflow.controller import run_pipeline
+    from opdflow.rundir import RunDir, same_config
+    from opdflow.study import run_result
+
+    cfg = _config(scale, arm, seed, overrides)
+    path = root / "runs" / f"{arm.slug}-seed{seed}"
+    marker = path / "study.json"
+    if marker.is_file() and same_config(path, cfg):
+        seconds = json.loads(marker.read_text())["seconds"]
+        err.print(f"{tag} {arm.name} seed {seed}: reusing {path}")
+        return run_result(arm, seed, path, seconds)
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)  # unfinished or made with another config: start over
+    run = RunDir.create(cfg, path)
+    t0 = time.perf_counter()
+    label = f"{tag} {arm.name} seed {seed}"
+    with err.status(f"{label}: starting") as status:
+        run_pipeline(
+            cfg,
+            run,
+            lambda r: status.update(f"{label}: step {r['step'] + 1}/{scale.steps}"),
+        )
+    seconds = time.perf_counter() - t0
+    marker.write_text(json.dumps({"seconds": seconds}))
+    res = run_result(arm, seed, path, seconds)
+    err.print(
+        f"{label}: {_dur(seconds)}, D {res.d:.3g}, held-out KL {res.kl_start:.4f} -> "
+        f"{res.kl_final:.4f}, accuracy {res.acc_final:.1%}"
+    )
+    return res
+
+
+def _judge_all(res, arms, tau: float) -> None:
+    """OPD runs against the standard run of their seed; RL runs against the bf16 run of their
+    objective (same loss, same centering, same seed)."""
+    from opdflow.study import STANDARD, judge, rl_breaks
+
+    def base_of(r):
+        if r.loss == "opd":
+            want = ("ladder", STANDARD, 0, "opd", False, r.seed)
+        else:
+            want = ("rl", STANDARD, 0, r.loss, r.center, r.seed)
+        return next(
+            (
+                b
+                for b in res.runs
+                if (b.experiment, b.recipe, b.k, b.loss, b.center, b.seed) == want
+            ),
+            None,
+        )
+
+    for r in res.runs:
+        base = base_of(r)
+        if base is None or base is r:
+            continue
+        r.verdict = judge(r, base, tau)
+        if r.loss != "opd":
+            r.breaks = rl_breaks(r, base, r.verdict)
+
+
+def _outcomes(admission: list[dict], res) -> list[dict]:
+    """Each admission decision next to the full-run verdict of its engine (k = 0, OPD)."""
+    from opdflow.study import arm_verdict
+
+    for a in admission:
+        rs = [
+            r for r in res.runs if r.experiment == "ladder" and r.recipe == a["recipe"] and r.k == 0
+        ]
+        a["outcome"] = arm_verdict(rs) if rs else "-"
+        a["run_seconds"] = sum(r.seconds for r in rs) / len(rs) if rs else None
+        a["d_train"] = sum(r.d for r in rs) / len(rs) if rs else None
+    return admission
+
+
+def _probes(scale, res, overrides, err) -> list[dict]:
+    """Experiments 5 and 7: gradient errors at the untrained student and the trained one."""
+    from safetensors.torch import load_file
+
+    from opdflow.checkpoint import load_latest
+    from opdflow.gradient_error import GradientProbe
+    from opdflow.study import PROBE_FAIL, PROBE_PASS, Arm
+
+    cfg = _config(scale, Arm("ladder"), 0, overrides)
+    std = next(r for r in res.runs if r.arm == Arm("ladder").name and r.seed == 0)
+    ckpt = load_latest(Path(std.path))
+    students = [("untrained", None)]
+    if ckpt is not None:
+        students.append((f"step {ckpt.step}", load_file(ckpt.path / "model.safetensors")))
+    out = []
+    for label, weights in students:
+        probe = GradientProbe(
+            cfg, weights, label, scale.probe_prompts, scale.probe_responses, seed=0
+        )
+        for recipe in (PROBE_PASS, PROBE_FAIL):
+            with err.status(f"gradient probe {recipe} at the {label} student"):
+                g = probe.errors(recipe)
+            out.append(g.to_dict())
+            err.print(
+                f"gradient {recipe} @ {label}: update {g.update:.3g}, prefix shift "
+                f"{g.prefix_shift:.3g}, per-token {g.per_token:.3g}, floor {g.floor:.3g}"
+            )
+    return out
+
+
+def _finish(res) -> None:
+    from opdflow.study import bracket_of, claims
+
+    res.bracket = bracket_of(res.runs)
+    res.claims = claims(res)
