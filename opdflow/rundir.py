@@ -102,14 +102,20 @@ class RunDir:
 
 
 def same_config(path: str | Path, cfg: PipelineConfig) -> bool:
-    """A run directory in `path` was made with exactly this config (run_dir aside)."""
+    """A run directory in `path` was made with exactly this config (run_dir aside). Fields
+    added to the config since the run was made count as their defaults."""
     p = Path(path) / "config.json"
     if not p.is_file():
         return False
-    done = json.loads(p.read_text())
-    want = json.loads(json.dumps(cfg.to_dict(), default=str))
+    try:
+        done = PipelineConfig.from_dict(json.loads(p.read_text())).to_dict()
+    except (ConfigError, ValueError, TypeError):
+        return False
+    want = cfg.to_dict()
     done.pop("run_dir", None), want.pop("run_dir", None)
-    return done == want
+    return json.dumps(done, default=str, sort_keys=True) == json.dumps(
+        want, default=str, sort_keys=True
+    )
 
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:

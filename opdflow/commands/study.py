@@ -44,7 +44,7 @@ def run_study(
     """Train every arm, decide admission first, probe gradients; write results.json."""
     from rich.console import Console
 
-    from opdflow.study import ADMISSION_LINE, StudyResults, plan
+    from opdflow.study import ADMISSION_LINE, StudyResults, bracket_of, claims, plan
 
     _quiet()
     err = Console(stderr=True)
@@ -56,9 +56,10 @@ def run_study(
     admission = _admission(scale, arms, line or ADMISSION_LINE, overrides, err)
     res.runs = _train(scale, arms, root, tau, overrides, err)
     _judge_all(res, arms, tau)
+    res.bracket = bracket_of(res.runs)
     res.admission = _outcomes(admission, res)
     res.gradient = _probes(scale, res, overrides, err)
-    _finish(res)
+    res.claims = claims(res)
     (root / "results.json").write_text(json.dumps(res.to_dict(), indent=2, default=str))
     err.print(f"study {scale.name}: {len(res.runs)} runs in {_dur(time.perf_counter() - t0)}")
     for c in res.claims:
@@ -191,8 +192,8 @@ def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
 
 
 def _judge_all(res, arms, tau: float) -> None:
-    """OPD runs against the standard run of their seed; RL runs against the bf16 run of their
-    objective (same loss, same centering, same seed)."""
+    """OPD runs against the standard run of their seed and learning rate; RL runs against
+    the bf16 run of their objective (same loss, centering, seed and learning rate)."""
     from opdflow.study import STANDARD, judge, rl_breaks
 
     def base_of(r):
@@ -220,13 +221,21 @@ def _judge_all(res, arms, tau: float) -> None:
 
 def _outcomes(admission: list[dict], res) -> list[dict]:
     """Each admission decision next to the full-run verdict of its engine (k = 0, OPD)."""
-    from opdflow.study import arm_verdict
+    from opdflow.admission import admits
+    from opdflow.study import arm_verdict, canonical
 
     for a in admission:
         rs = [
-            r for r in res.runs if r.experiment == "ladder" and r.recipe == a["recipe"] and r.k == 0
+            r
+            for r in res.runs
+            if r.experiment == "ladder" and canonical(r.recipe) == a["recipe"] and r.k == 0
         ]
         a["outcome"] = arm_verdict(rs) if rs else "-"
+        if res.bracket.get("line"):  # the study's own line, known only after training
+            a["line_hindsight"] = res.bracket["line"]
+            a["decision_hindsight"] = (
+                "ADMIT" if admits(a["d_hat"], res.bracket["line"], a["alpha"]) else "REJECT"
+            )
         a["run_seconds"] = sum(r.seconds for r in rs) / len(rs) if rs else None
         a["d_train"] = sum(r.d for r in rs) / len(rs) if rs else None
     return admission
@@ -260,10 +269,3 @@ def _probes(scale, res, overrides, err) -> list[dict]:
                 f"{g.prefix_shift:.3g}, per-token {g.per_token:.3g}, floor {g.floor:.3g}"
             )
     return out
-
-
-def _finish(res) -> None:
-    from opdflow.study import bracket_of, claims
-
-    res.bracket = bracket_of(res.runs)
-    res.claims = claims(res)

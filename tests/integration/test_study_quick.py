@@ -13,6 +13,7 @@ import math
 from click.testing import CliRunner
 
 from opdflow.cli import main
+from opdflow.study import PROBE_FAIL, PROBE_PASS
 
 
 def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp_path, tiny):
@@ -46,6 +47,7 @@ def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp
     # admission decisions were made for each ladder engine before training
     adm = {a["recipe"]: a for a in res["admission"]}
     assert adm["bf16"]["decision"] == "ADMIT" and adm["noise(sigma=4.0)"]["decision"] == "REJECT"
+    assert adm["noise(sigma=4.0)"]["outcome"] == runs["opd noise(4)"]["verdict"]["decision"]
 
     claims = {(c["number"], c["finding"]): c for c in res["claims"]}
     grpo = claims[(3, "GRPO breaks where OPD still passes")]
@@ -53,7 +55,7 @@ def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp
     late = [c for (n, _), c in claims.items() if n == 7]
     assert late and all(c["holds"] for c in late), late
     probes = {(p["recipe"], p["student"]) for p in res["gradient"]}
-    assert probes == {(r, s) for r in ("noise(1)", "noise(4)") for s in ("untrained", "step 24")}
+    assert probes == {(r, s) for r in (PROBE_PASS, PROBE_FAIL) for s in ("untrained", "step 24")}
 
     r = CliRunner().invoke(
         main, ["study", "render", str(out / "results.json"), "--docs", str(tmp_path / "docs")]

@@ -121,7 +121,10 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
     port = _free_port()
     config = tmp_path / "autoscale.json"
     # the provider starts nodes against get_node_ip_address():6379 unless told the GCS address
-    fake = {**FAKE_CONFIG, "provider": {**FAKE_CONFIG["provider"], "gcs_address": f"127.0.0.1:{port}"}}
+    fake = {
+        **FAKE_CONFIG,
+        "provider": {**FAKE_CONFIG["provider"], "gcs_address": f"127.0.0.1:{port}"},
+    }
     config.write_text(json.dumps(fake))
     env = {
         **os.environ,

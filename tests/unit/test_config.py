@@ -101,3 +101,17 @@ def test_pipeline_variant_and_overrides(tmp_path):
     assert load_pipeline(f"{path}:fast", ["train.steps=5"]).train.steps == 5
     with pytest.raises(ConfigError, match=r"p\.py:pipeline: staleness\.k"):
         load_pipeline(path, ["staleness.k=-2"])
+
+
+def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
+    import json
+
+    from opdflow.rundir import same_config
+
+    cfg = PipelineConfig()
+    old = cfg.to_dict()
+    del old["resources"]["placement"]  # a run made before resources.placement existed
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert same_config(tmp_path, cfg)
+    assert not same_config(tmp_path, apply_overrides(PipelineConfig(), ["train.lr=3e-4"]))
+    assert not same_config(tmp_path / "missing", cfg)

@@ -9,6 +9,8 @@ import pytest
 from opdflow.config import PipelineConfig, apply_overrides
 from opdflow.engines.recipes import parse_recipe
 from opdflow.study import (
+    PROBE_FAIL,
+    PROBE_PASS,
     Claim,
     RunResult,
     StudyResults,
@@ -69,6 +71,7 @@ def _run(arm="opd bf16", seed=0, d=0.01, verdict=None, **kw) -> RunResult:
         k=0,
         loss="opd",
         center=False,
+        lr=2e-4,
         path="",
         seconds=60.0,
         d_engine=d,
@@ -130,7 +133,7 @@ def test_claims_from_hand_made_results():
     runs[-1].breaks = True
     grad = [
         dict(
-            recipe="noise(1)",
+            recipe=PROBE_PASS,
             student="untrained",
             prefix_shift=1.0,
             per_token=1.0,
@@ -141,7 +144,7 @@ def test_claims_from_hand_made_results():
             floor=0.1,
         ),
         dict(
-            recipe="noise(4)",
+            recipe=PROBE_FAIL,
             student="untrained",
             prefix_shift=5.0,
             per_token=2.0,
@@ -152,7 +155,7 @@ def test_claims_from_hand_made_results():
             floor=0.1,
         ),
         dict(
-            recipe="noise(1)",
+            recipe=PROBE_PASS,
             student="step 120",
             prefix_shift=1.0,
             per_token=1.0,
