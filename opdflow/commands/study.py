@@ -168,10 +168,15 @@ def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
         seconds = json.loads(marker.read_text())["seconds"]
         err.print(f"{tag} {arm.name} seed {seed}: reusing {path}")
         return run_result(arm, seed, path, seconds)
+    if marker.is_file():
+        raise click.UsageError(
+            f"{path} holds a finished run made with another config (different --set?); "
+            "give the study another --out, or remove that directory to redo it"
+        )
     if path.exists():
         import shutil
 
-        shutil.rmtree(path)  # unfinished or made with another config: start over
+        shutil.rmtree(path)  # a run this study started and did not finish: start it over
     run = RunDir.create(cfg, path)
     t0 = time.perf_counter()
     label = f"{tag} {arm.name} seed {seed}"

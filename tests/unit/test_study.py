@@ -182,3 +182,22 @@ def test_claims_from_hand_made_results():
     # results.json round trip
     again = StudyResults.from_dict(res.to_dict())
     assert again.runs[-1].breaks and again.bracket == res.bracket
+
+
+def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
+    import json
+
+    import click
+    from rich.console import Console
+
+    from opdflow.commands.study import _train_one
+
+    scale, arms = plan(quick=True)
+    d = tmp_path / "runs" / f"{arms[0].slug}-seed0"
+    d.mkdir(parents=True)
+    other = apply_overrides(PipelineConfig(), [*arms[0].overrides(scale, 0), "train.lr=1e-3"])
+    (d / "config.json").write_text(json.dumps(other.to_dict()))
+    (d / "study.json").write_text(json.dumps({"seconds": 1.0}))
+    with pytest.raises(click.UsageError, match="another config"):
+        _train_one(scale, arms[0], 0, tmp_path, (), Console(quiet=True), "[1/1]")
+    assert json.loads((d / "config.json").read_text())["train"]["lr"] == 1e-3
