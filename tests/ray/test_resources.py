@@ -48,5 +48,7 @@ def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_loc
     assert len(metrics) == 200
     assert max(r["live_weight_versions"] for r in metrics) <= k + 2
     version_bytes = pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0).nbytes
-    # at most the live versions plus one in a task's arguments, and small batches: flat
-    assert max(referenced.values()) <= (k + 3) * version_bytes + 1e6, referenced
+    # at most the live versions, one more borrowed by a queued generation task and one by
+    # the evaluator (a sample at step 99 meets the held-out evaluation of version 100), and
+    # small batches: flat. A leak of one version per step would be ~200 versions by the end.
+    assert max(referenced.values()) <= (k + 4) * version_bytes + 1e6, referenced
