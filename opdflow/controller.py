@@ -62,15 +62,16 @@ class StepClock:
 
     first_step: int
     warmup: int
-    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    clock: Callable[[], float] = time.perf_counter
+    """Seconds, monotonic; tests pass their own."""
 
     def __post_init__(self) -> None:
-        self.t_prev = self.t_start
+        self.t_start = self.t_prev = self.clock()
         self.t_warm = self.t_start if self.warmup == 0 else None
 
     def tick(self, done_steps: int) -> tuple[float, float, float]:
         """(step_s, updates_per_hour, seconds since start) once `done_steps` steps are done."""
-        now = time.perf_counter()
+        now = self.clock()
         step_s, self.t_prev = now - self.t_prev, now
         timed = done_steps - self.first_step - self.warmup
         if timed == 0:
