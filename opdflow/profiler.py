@@ -61,14 +61,19 @@ class Span:
 class SpanRecorder:
     """Mixin for stage actors: `with self.span(stage, step, version) as s: ...; s["tokens"] = n`."""
 
+    wall_clock = staticmethod(time.time)
+    """Span starts, as epoch seconds (tests substitute their own clocks)."""
+    duration_clock = staticmethod(time.perf_counter)
+    """Span durations (monotonic)."""
+
     @contextlib.contextmanager
     def span(self, stage: str, step: int = -1, version: int = -1) -> Iterator[dict[str, int]]:
         extra = {"tokens": 0, "bytes": 0}
-        t_epoch, t0 = time.time(), time.perf_counter()
+        t_epoch, t0 = self.wall_clock(), self.duration_clock()
         try:
             yield extra
         finally:
-            seconds = time.perf_counter() - t0
+            seconds = self.duration_clock() - t0
             self.add_span(stage, step, version, t_epoch, seconds, extra["tokens"], extra["bytes"])
 
     def add_span(

@@ -2,7 +2,6 @@
 
 import json
 import math
-import time
 
 import pytest
 
@@ -26,9 +25,21 @@ class Worker(SpanRecorder):
         return total
 
 
+class _Ticking:
+    """A clock that advances 0.25 s on every reading."""
+
+    def __init__(self, start: float):
+        self.t = start - 0.25
+
+    def __call__(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
 def test_recorder_times_work_and_drains_once():
     w = Worker()
-    epoch0 = time.time()
+    w.wall_clock, w.duration_clock = _Ticking(1000.0), _Ticking(0.0)
+    epoch0 = 1000.0
     w.work(3)
     w.work(4)
     raw = w.drain_spans()
