@@ -195,16 +195,26 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
     rows = []
     for rs in by.values():
         r = rs[0]
-        if r.experiment == "ladder" and (r.k or r.recipe != STANDARD):
+        if (r.experiment == "ladder" and (r.k or r.recipe != STANDARD)) or (
+            r.experiment == "staleness-lr"
+        ):
+            deltas = [x.verdict["delta"] for x in rs if x.verdict]
             rows.append(
                 [
                     r.arm,
                     str(r.k),
+                    _f(r.lr, "g"),
                     _f(sum(x.d_engine for x in rs) / len(rs)),
                     _f(sum(x.d_stale for x in rs) / len(rs)),
+                    ", ".join(_pct(d) for d in deltas) or "(standard)",
+                    arm_verdict(rs),
                 ]
             )
-    L += _table(["configuration", "k", "d_engine", "d_stale"], rows)
+    L += _table(["configuration", "k", "lr", "d_engine", "d_stale", "Delta", "verdict"], rows)
+    L += [
+        "Runs at lr/10 are judged against the standard run at that learning rate.",
+        "",
+    ]
 
     # 3 & 4. RL and centering
     L += ["## 3-4. OPD vs RL, and score centering", ""]

@@ -42,8 +42,10 @@ def run_study(
     quick: bool, out: str | None, tau: float, line: float | None, overrides: tuple[str, ...]
 ) -> None:
     """Train every arm, decide admission first, probe gradients; write results.json."""
+    import ray
     from rich.console import Console
 
+    from opdflow.raycluster import connect
     from opdflow.study import ADMISSION_LINE, StudyResults, bracket_of, claims, plan
 
     _quiet()
@@ -54,8 +56,17 @@ def run_study(
     t0 = time.perf_counter()
     res = StudyResults(scale=scale.__dict__, tau=tau, machine=_machine())
     admission = _admission(scale, arms, line or ADMISSION_LINE, overrides, err)
-    res.runs = _train(scale, arms, root, tau, overrides, err)
-    _judge_all(res, arms, tau)
+    started = connect()
+    try:
+        res.runs = _train(scale, [(a, s) for a in arms for s in a.seeds], root, overrides, err)
+        _judge_all(res, tau)
+        if scale.name == "full":  # a second seed where the first verdict is near tau
+            again = [(a, 1) for a in _repeats(arms, res, tau)]
+            res.runs += _train(scale, again, root, overrides, err, "repeat ")
+            _judge_all(res, tau)
+    finally:
+        if started:
+            ray.shutdown()
     res.bracket = bracket_of(res.runs)
     res.admission = _outcomes(admission, res)
     res.gradient = _probes(scale, res, overrides, err)
@@ -124,39 +135,35 @@ def _admission(scale, arms, line: float, overrides, err) -> list[dict]:
     return out
 
 
-def _train(scale, arms, root: Path, tau: float, overrides, err) -> list:
-    """Every arm at its seeds, then a second seed for ladder arms whose verdict is close."""
-    import ray
+def _train(scale, todo: list, root: Path, overrides, err, label: str = "") -> list:
+    """Train (or reuse) each (arm, seed) of `todo`, in the Ray cluster already connected."""
+    return [
+        _train_one(scale, arm, seed, root, overrides, err, f"[{label}{i}/{len(todo)}]")
+        for i, (arm, seed) in enumerate(todo, 1)
+    ]
 
-    from opdflow.raycluster import connect
-    from opdflow.study import judge, needs_repeat
 
-    started = connect()
-    results = []
-    try:
-        todo = [(a, s) for a in arms for s in a.seeds]
-        for i, (arm, seed) in enumerate(todo, 1):
-            results.append(_train_one(scale, arm, seed, root, overrides, err, f"[{i}/{len(todo)}]"))
-        if scale.name == "full":  # a second seed where the first verdict is near tau
-            std = {r.seed: r for r in results if r.arm == arms[0].name}
-            again = []
-            for arm in arms:
-                if arm.experiment != "ladder" or arm.is_standard or 1 in arm.seeds:
-                    continue
-                r0 = next(r for r in results if r.arm == arm.name)
-                if needs_repeat(judge(r0, std[0], tau), tau) and 1 in std:
-                    again.append(arm)
-            for i, arm in enumerate(again, 1):
-                results.append(
-                    _train_one(scale, arm, 1, root, overrides, err, f"[repeat {i}/{len(again)}]")
-                )
-    finally:
-        if started:
-            ray.shutdown()
-    return results
+def _repeats(arms, res, tau: float) -> list:
+    """Ladder arms whose seed-0 verdict lies near tau (needs_repeat): they get seed 1."""
+    from opdflow.study import needs_repeat
+
+    seed0 = {r.arm: r for r in res.runs if r.seed == 0 and r.verdict is not None}
+    std_seeds = {r.seed for r in res.runs if r.arm == arms[0].name}
+    return [
+        a
+        for a in arms
+        if a.experiment == "ladder"
+        and not a.is_standard
+        and 1 not in a.seeds
+        and 1 in std_seeds
+        and a.name in seed0
+        and needs_repeat(seed0[a.name].verdict, tau)
+    ]
 
 
 def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
+    from rich.markup import escape
+
     from opdflow.controller import run_pipeline
     from opdflow.rundir import RunDir, same_config
     from opdflow.study import run_result
@@ -166,7 +173,7 @@ def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
     marker = path / "study.json"
     if marker.is_file() and same_config(path, cfg):
         seconds = json.loads(marker.read_text())["seconds"]
-        err.print(f"{tag} {arm.name} seed {seed}: reusing {path}")
+        err.print(escape(f"{tag} {arm.name} seed {seed}: reusing {path}"))
         return run_result(arm, seed, path, seconds)
     if marker.is_file():
         raise click.UsageError(
@@ -179,7 +186,7 @@ def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
         shutil.rmtree(path)  # a run this study started and did not finish: start it over
     run = RunDir.create(cfg, path)
     t0 = time.perf_counter()
-    label = f"{tag} {arm.name} seed {seed}"
+    label = escape(f"{tag} {arm.name} seed {seed}")  # "[repeat 1/7]" is not rich markup
     with err.status(f"{label}: starting") as status:
         run_pipeline(
             cfg,
@@ -196,28 +203,23 @@ def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
     return res
 
 
-def _judge_all(res, arms, tau: float) -> None:
-    """OPD runs against the standard run of their seed and learning rate; RL runs against
-    the bf16 run of their objective (same loss, centering, seed and learning rate)."""
+def _judge_all(res, tau: float) -> None:
+    """Judge every run not judged yet: OPD runs against the standard run of their seed and
+    learning rate; RL runs against the bf16 run of their objective (same loss, centering,
+    seed and learning rate)."""
     from opdflow.study import STANDARD, judge, rl_breaks
 
     def base_of(r):
-        if r.loss == "opd":
-            want = ("ladder", STANDARD, 0, "opd", False, r.seed)
-        else:
-            want = ("rl", STANDARD, 0, r.loss, r.center, r.seed)
+        center = r.center and r.loss != "opd"  # OPD + centering is judged by the standard
+        want = (STANDARD, 0, r.loss, center, r.seed, r.lr)
         return next(
-            (
-                b
-                for b in res.runs
-                if (b.experiment, b.recipe, b.k, b.loss, b.center, b.seed) == want
-            ),
+            (b for b in res.runs if (b.recipe, b.k, b.loss, b.center, b.seed, b.lr) == want),
             None,
         )
 
     for r in res.runs:
         base = base_of(r)
-        if base is None or base is r:
+        if r.verdict is not None or base is None or base is r:
             continue
         r.verdict = judge(r, base, tau)
         if r.loss != "opd":

@@ -201,3 +201,28 @@ def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
     with pytest.raises(click.UsageError, match="another config"):
         _train_one(scale, arms[0], 0, tmp_path, (), Console(quiet=True), "[1/1]")
     assert json.loads((d / "config.json").read_text())["train"]["lr"] == 1e-3
+
+
+def test_each_run_is_judged_against_the_standard_of_its_own_learning_rate(monkeypatch):
+    import opdflow.study as study
+    from opdflow.commands.study import _judge_all
+
+    runs = [
+        _run("opd bf16", path="std"),
+        _run("opd bf16 lr/10", path="std-slow", lr=2e-5, experiment="staleness-lr"),
+        _run("opd bf16 k=8 lr/10", path="k8-slow", k=8, lr=2e-5, experiment="staleness-lr"),
+        _run("opd+center bf16", path="centered", center=True, experiment="centering"),
+        _run("grpo bf16", path="grpo", loss="grpo", experiment="rl"),
+        _run("grpo noise(1)", path="grpo-noisy", recipe="noise(1)", loss="grpo", experiment="rl"),
+    ]
+    monkeypatch.setattr(study, "judge", lambda r, base, tau: {"base": base.path, **_verdict(0, 0)})
+    _judge_all(StudyResults(scale={}, tau=0.2, runs=runs), 0.2)
+    base = {r.path: r.verdict and r.verdict["base"] for r in runs}
+    assert base == {
+        "std": None,
+        "std-slow": None,  # the standard of its learning rate: it judges, it is not judged
+        "k8-slow": "std-slow",
+        "centered": "std",
+        "grpo": None,
+        "grpo-noisy": "grpo",
+    }
