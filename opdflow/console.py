@@ -62,9 +62,11 @@ def run_with_progress(
 ) -> dict:
     """Run a pipeline with a live progress bar; print and return its summary."""
     from opdflow.controller import run_pipeline
+    from opdflow.models import check_checkpoints
     from opdflow.rundir import RunDir
     from opdflow.supervisor import StageFailed, StopRequested
 
+    check_checkpoints(cfg)  # bad input is refused before a run directory, a sink or Ray exists
     console = Console(stderr=True)
     if resume:
         run, ckpt = open_resume(cfg, resume)

@@ -6,6 +6,7 @@ checkpoint directory; problems are reported with the path and the fix.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,11 +48,62 @@ def _check_checkpoint(path: str, field: str) -> None:
             f"{field} = {path!r}: model_type {config.model_type!r} is not a causal language model "
             "architecture transformers can generate with (e.g. qwen2, llama)"
         )
-    if not any(p.glob("*.safetensors")):
+    heads = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for arch in config.architectures or []:  # none given: AutoModelForCausalLM goes by model_type
+        if arch not in heads and not arch.endswith("ForCausalLM"):
+            causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]
+            raise ConfigError(
+                f"{field} = {path!r}: config.json architectures {arch!r} (model_type "
+                f"{config.model_type!r}) is not a causal language model head; save a causal LM "
+                f"(e.g. {causal}, via AutoModelForCausalLM.save_pretrained)"
+            )
+    _check_weights(p, field, path)
+
+
+def _check_weights(p: Path, field: str, path: str) -> None:
+    """Every safetensors file's header parses and covers the file (reads headers, not weights)."""
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
         raise ConfigError(
             f"{field} = {path!r}: no *.safetensors weights in it; opdflow loads safetensors only "
             "(re-save with save_pretrained(..., safe_serialization=True))"
         )
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, AttributeError) as exc:
+            raise ConfigError(
+                f"{field} = {path!r}: {index.name} is not a safetensors index ({exc}); "
+                "re-save the model with save_pretrained()"
+            ) from exc
+        missing = sorted(s for s in shards if not (p / s).is_file())
+        if missing:
+            raise ConfigError(
+                f"{field} = {path!r}: {index.name} lists {', '.join(missing)} but it is not in "
+                "the directory; copy the missing shard(s) or re-save with save_pretrained()"
+            )
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as st:
+                st.keys()
+        except (SafetensorError, OSError) as exc:
+            raise ConfigError(
+                f"{field} = {path!r}: {f} is not a readable safetensors file ({exc}; "
+                f"{f.stat().st_size} bytes); it is truncated or corrupt: copy or save it again"
+            ) from exc
+
+
+def check_checkpoints(cfg: PipelineConfig) -> None:
+    """Refuse a bad local student/teacher checkpoint before a run directory or Ray exists.
+
+    Cheap: reads config.json and the safetensors headers only ("tiny" is built later)."""
+    if cfg.models.student != "tiny":
+        _check_checkpoint(cfg.models.student, "models.student")
+    if cfg.models.teacher != "tiny":
+        _check_checkpoint(cfg.models.teacher, "models.teacher")
 
 
 def _vocab(path: str) -> dict[str, int]:

@@ -178,3 +178,54 @@ def test_more_heldout_prompts_than_the_file_has(tmp_path, tiny):
     assert result.exit_code == 2
     assert "eval.prompts = 100000 but" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def _cli_refuses(tmp_path, *args: str) -> str:
+    """`opdflow run pipelines/tiny_cpu.py ARGS` exits 2 with one error line, no traceback and
+    no run directory; returns that line."""
+    out_dir = tmp_path / "run"
+    result = CliRunner().invoke(
+        main, ["run", "pipelines/tiny_cpu.py", "--run-dir", str(out_dir), *args]
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    assert not out_dir.exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize("size", [300, -1])  # a cut header; a header whose data is one byte short
+def test_cli_refuses_a_truncated_safetensors_file(tmp_path, tiny, size):
+    d = _checkpoint_copy(tmp_path, tiny, "s")
+    weights = d / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:size])
+    line = _cli_refuses(
+        tmp_path, "--set", f"models.student={d}", "--set", f"models.teacher={tiny.teacher}"
+    )
+    assert "models.student = " in line and str(weights) in line
+    assert "truncated or corrupt: copy or save it again" in line
+
+
+def test_cli_refuses_a_checkpoint_without_a_causal_lm_head(tmp_path, tiny):
+    d = _checkpoint_copy(tmp_path, tiny, "s")
+    config = json.loads((d / "config.json").read_text())
+    config["model_type"] = "bert"  # in transformers' causal-LM mapping (BertLMHeadModel) ...
+    config["architectures"] = ["BertModel"]  # ... but an encoder without an LM head
+    (d / "config.json").write_text(json.dumps(config))
+    line = _cli_refuses(
+        tmp_path, "--set", f"models.student={tiny.student}", "--set", f"models.teacher={d}"
+    )
+    assert "models.teacher = " in line
+    assert "architectures 'BertModel' (model_type 'bert') is not a causal language model" in line
+    assert "BertLMHeadModel" in line
+
+
+def test_a_missing_shard_of_a_sharded_checkpoint(tmp_path, tiny):
+    d = _checkpoint_copy(tmp_path, tiny, "s")
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"lists model-00002-of-00002\.safetensors but it is not"):
+        resolve_models(_models(tmp_path, tiny, student=d, teacher=d))
+
