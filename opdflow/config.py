@@ -398,8 +398,9 @@ class LoggingConfig:
     """W&B mode: "online", "offline" (files under the run directory) or "disabled";
     None = $WANDB_MODE or wandb's default."""
     mlflow_tracking_uri: str | None = None
-    """MLflow tracking URI, e.g. "http://mlflow:5000" or "sqlite:///mlflow.db";
-    None = $MLFLOW_TRACKING_URI or MLflow's default."""
+    """MLflow tracking URI, e.g. "http://mlflow:5000" or "sqlite:////abs/mlflow.db";
+    None = $MLFLOW_TRACKING_URI, else sqlite:///<run_dir>/mlflow.db. A file store (file:// or
+    a plain path) is refused: MLflow 3 keeps it in maintenance mode."""
     tensorboard_dir: str | None = None
     """TensorBoard event directory; None = <run_dir>/tensorboard."""
 

@@ -65,8 +65,10 @@ def run_with_progress(
     from opdflow.models import check_checkpoints
     from opdflow.rundir import RunDir
     from opdflow.supervisor import StageFailed, StopRequested
+    from opdflow.trackers import check_trackers
 
     check_checkpoints(cfg)  # bad input is refused before a run directory, a sink or Ray exists
+    check_trackers(cfg)
     console = Console(stderr=True)
     if resume:
         run, ckpt = open_resume(cfg, resume)

@@ -9,15 +9,19 @@ columns, with the same values except the profiler's STEP_COLUMNS: sinks keep the
 estimate logged at the step, metrics.parquet the exact value recomputed at the end of the
 run (streaming sinks cannot rewrite history). The run's parameters (flattened config, recipe, k policy, package versions) are
 logged once at open. Tracker packages are optional extras, imported only when chosen.
+MLflow logs to sqlite:///<run_dir>/mlflow.db unless a URI is given; file stores are refused.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from opdflow.config import ConfigError, PipelineConfig
 from opdflow.rundir import RunDir
@@ -136,15 +140,60 @@ class WandbSink:
         self.run.finish()
 
 
+FILE_STORE_OPT_OUT = "MLFLOW_ALLOW_FILE_STORE"
+"""MLflow's own switch that lets its (maintenance-mode) file store take new runs."""
+
+
+def mlflow_tracking_uri(cfg: PipelineConfig, run_dir: Path) -> str:
+    """Where the MLflow sink logs: log.mlflow_tracking_uri, else $MLFLOW_TRACKING_URI, else
+    sqlite:///<run_dir>/mlflow.db (MLflow 3's documented default backend, kept in the run)."""
+    return _chosen_mlflow_uri(cfg) or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+
+
+def _chosen_mlflow_uri(cfg: PipelineConfig) -> str | None:
+    """The URI the user chose, if any; a file store (a file:// URI or a plain path) is refused
+    with the fix: MLflow >= 3.7 keeps it in maintenance mode and raises on new runs unless
+    MLFLOW_ALLOW_FILE_STORE is set."""
+    field, uri = "log.mlflow_tracking_uri", cfg.log.mlflow_tracking_uri
+    if not uri:
+        field, uri = "MLFLOW_TRACKING_URI", os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return None
+    parsed = urlparse(uri)
+    file_store = parsed.scheme in ("", "file") or len(parsed.scheme) == 1  # 1: a Windows drive
+    allowed = os.environ.get(FILE_STORE_OPT_OUT, "").lower() in ("1", "true", "yes")
+    if file_store and not allowed:
+        where = Path(parsed.path if parsed.scheme == "file" else uri).resolve()
+        version = package_version("mlflow-skinny") or package_version("mlflow")
+        raise ConfigError(
+            f"{field} = {uri!r} is an MLflow file store, which MLflow {version} keeps in "
+            f"maintenance mode and refuses; use a database ({field}=sqlite:///"
+            f"{where / 'mlflow.db'}) or a server (http://HOST:5000), or unset it to log to "
+            f"<run_dir>/mlflow.db (or set {FILE_STORE_OPT_OUT}=true to keep the file store)"
+        )
+    return uri
+
+
+def check_trackers(cfg: PipelineConfig) -> None:
+    """Refuse a tracker setting that cannot work before a run directory, a sink or Ray exists."""
+    if "mlflow" in cfg.log.sinks:
+        _chosen_mlflow_uri(cfg)
+
+
 class MlflowSink:
-    """An MLflow run in experiment `log.project` at `log.mlflow_tracking_uri`."""
+    """An MLflow run in experiment `log.project` at `mlflow_tracking_uri(cfg, run.path)`."""
 
     def __init__(self, cfg: PipelineConfig, run: RunDir):
+        uri = mlflow_tracking_uri(cfg, run.path)
         try:
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
             raise _missing("mlflow", "mlflow", exc) from exc
-        self.client = MlflowClient(tracking_uri=cfg.log.mlflow_tracking_uri)
+        if urlparse(uri).scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+            for package in ("sqlalchemy", "alembic"):  # MLflow's SQL store; not in mlflow-skinny
+                if importlib.util.find_spec(package) is None:
+                    raise _missing("mlflow", package, ImportError(f"needed for {uri}"))
+        self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(cfg.log.project)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.log.project)
         self.run_id = self.client.create_run(exp_id, run_name=run.path.name).info.run_id
@@ -193,6 +242,7 @@ class Trackers:
 
 def open_trackers(cfg: PipelineConfig, run: RunDir) -> Trackers:
     """The sinks of cfg.log for this run, with the run's parameters already logged."""
+    check_trackers(cfg)  # a refused URI fails before any sink has started
     sinks: list[Tracker] = [ParquetSink(run)]
     try:
         for name in dict.fromkeys(cfg.log.sinks):

@@ -1,15 +1,16 @@
-"""A tiny run on a real local Ray cluster logged to every sink, read back from each."""
+"""`opdflow run --log tensorboard,wandb,mlflow` on a real local Ray cluster, read back from
+each sink; MLflow with its documented default backend (sqlite, here in the run directory)."""
 
 import json
 
 import pytest
+from click.testing import CliRunner
 from tracker_readers import mlflow_run, tensorboard_run, wandb_offline_run
 
-from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
+from opdflow.cli import main
 from opdflow.profiler import STEP_COLUMNS
 from opdflow.report import write_report
-from opdflow.rundir import RunDir, read_table
+from opdflow.rundir import read_table
 from opdflow.trackers import scalars
 
 STEPS = 3
@@ -22,24 +23,28 @@ def logged_run(tmp_path_factory, ray_local, tiny):
     mp.setenv("WANDB_SILENT", "true")
     mp.setenv("WANDB_DIR", str(tmp / "wandb-home"))  # wandb's own settings/cache, not the run
     mp.setenv("WANDB_CONFIG_DIR", str(tmp / "wandb-home"))
-    mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x refuses file stores otherwise
-    uri = f"file://{tmp / 'mlruns'}"
-    cfg = apply_overrides(
-        PipelineConfig(name="trk"),
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)  # MLflow's default: opdflow's sqlite
+    mp.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    path = tmp / "trk"
+    result = CliRunner().invoke(
+        main,
         [
-            f"train.steps={STEPS}",
-            f"eval.every={STEPS}",
-            "warmup_steps=1",
-            'log.sinks=["tensorboard","wandb","mlflow"]',
-            "log.wandb_mode=offline",
-            f"log.mlflow_tracking_uri={uri}",
-            "log.project=opdflow-test",
+            "run",
+            "pipelines/tiny_cpu.py",
+            "--steps",
+            str(STEPS),
+            "--log",
+            "tensorboard,wandb,mlflow",
+            "--run-dir",
+            str(path),
+            *("--set", f"eval.every={STEPS}", "--set", "warmup_steps=1"),
+            *("--set", "log.wandb_mode=offline", "--set", "log.project=opdflow-test"),
         ],
     )
-    run = RunDir.create(cfg, tmp / "trk")
-    run_pipeline(cfg, run)
     mp.undo()
-    return run.path, uri, read_table(run.path / "metrics.parquet")
+    assert result.exit_code == 0, result.output
+    uri = f"sqlite:///{path.resolve() / 'mlflow.db'}"
+    return path, uri, read_table(path / "metrics.parquet")
 
 
 def _same_as_parquet(history, metrics, rel=1e-6):
@@ -70,8 +75,9 @@ def test_wandb_offline_run_reads_back(logged_run):
     assert config["env.torch"].startswith("2.") and config["train.steps"] == STEPS
 
 
-def test_mlflow_file_store_reads_back(logged_run):
-    _, uri, metrics = logged_run
+def test_mlflow_default_sqlite_store_reads_back(logged_run):
+    path, uri, metrics = logged_run
+    assert (path / "mlflow.db").is_file() and not (path / "mlruns").exists()
     history, params = mlflow_run(uri, "opdflow-test")
     _same_as_parquet(history, metrics)
     assert params["k_policy"] == "fixed(k=2)" and params["env.ray"].startswith("2.")

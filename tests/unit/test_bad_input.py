@@ -229,3 +229,27 @@ def test_a_missing_shard_of_a_sharded_checkpoint(tmp_path, tiny):
     with pytest.raises(ConfigError, match=r"lists model-00002-of-00002\.safetensors but it is not"):
         resolve_models(_models(tmp_path, tiny, student=d, teacher=d))
 
+
+def test_cli_refuses_an_mlflow_file_store(tmp_path, tiny, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    store = tmp_path / "mlruns"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{store}")
+    line = _cli_refuses(tmp_path, "--log", "mlflow")
+    assert f"MLFLOW_TRACKING_URI = 'file://{store}' is an MLflow file store" in line
+    assert f"MLFLOW_TRACKING_URI=sqlite:///{store / 'mlflow.db'}" in line
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    line = _cli_refuses(tmp_path, "--log", "mlflow", "--set", f"log.mlflow_tracking_uri={store}")
+    assert f"log.mlflow_tracking_uri = '{store}' is an MLflow file store" in line
+    assert not store.exists()
+
+
+def test_mlflow_defaults_to_sqlite_in_the_run_directory(tmp_path, monkeypatch):
+    from opdflow.trackers import mlflow_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = PipelineConfig()
+    assert mlflow_tracking_uri(cfg, tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert mlflow_tracking_uri(cfg, tmp_path) == "http://127.0.0.1:5000"
+    cfg.log.mlflow_tracking_uri = "sqlite:////elsewhere/m.db"  # the config wins over the env
+    assert mlflow_tracking_uri(cfg, tmp_path) == "sqlite:////elsewhere/m.db"
