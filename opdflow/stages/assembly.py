@@ -215,6 +215,7 @@ class Stages:
                 f"{', '.join(missing)} not running after {timeout_s:.0f} s; they request "
                 + "; ".join(
                     f"{n}: {a.num_cpus} CPU, {a.num_gpus} GPU, {a.resources or 'no custom'}"
+                    + (f" for each of {a.workers} workers" if getattr(a, "workers", 1) > 1 else "")
                     for n, a in asked.items()
                 )
                 + f"; the cluster has {ray.cluster_resources()}",

@@ -4,7 +4,8 @@ One learner actor cannot hold a paper-scale student: 7B parameters need ~112 GB 
 weights, gradients and AdamW moments. With resources.learner.workers = N the learner is N
 ranks; FSDP2 (torch.distributed.fsdp.fully_shard, one group per decoder layer plus the
 root) keeps 1/N of every parameter, gradient and optimizer moment on each. The backend is
-gloo on CPU and NCCL when the learner's actors have GPUs.
+gloo on CPU and NCCL when the learner's actors have GPUs (the model then sits on the GPU;
+not yet run: scoring.token_logprobs and Learner.train_step still build CPU tensors).
 
 Rank 0 is the learner the controller sees: it starts ranks 1..N-1 (owned by it, so they
 die with it), picks the rendezvous address (its node IP and a free port), and forwards
@@ -98,7 +99,7 @@ class DataParallelLearner(Learner):
 
         mesh = init_device_mesh(self.device.type, (self.world,))
         model = model.to(self.device)
-        for layer in model.model.layers:
+        for layer in getattr(getattr(model, "model", None), "layers", []):  # HF decoder layers
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)  # embeddings, final norm and head (tied or not)
         return model
