@@ -66,17 +66,24 @@ def load_latest(run_path: Path) -> Checkpoint | None:
 
 def save_learner(model: Any, optimizer: Any, out_dir: Path) -> None:
     """Weights, optimizer tensors and torch RNG as safetensors; optimizer scalars as JSON."""
+    save_learner_state(model.state_dict(), optimizer.state_dict(), out_dir)
+
+
+def save_learner_state(
+    model_state: dict[str, Any], optimizer_state: dict[str, Any], out_dir: Path
+) -> None:
+    """save_learner from full (unsharded) state dicts: the model's, and the optimizer's in
+    torch's own layout (parameters numbered in model.parameters() order)."""
     import torch
     from safetensors.torch import save_file
 
     save_file(
-        {k: v.detach().contiguous() for k, v in model.state_dict().items()},
+        {k: v.detach().contiguous() for k, v in model_state.items()},
         out_dir / "model.safetensors",
     )
-    opt = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {"rng": torch.get_rng_state()}
-    scalars: dict[str, Any] = {"param_groups": opt["param_groups"], "state": {}}
-    for idx, st in opt["state"].items():
+    scalars: dict[str, Any] = {"param_groups": optimizer_state["param_groups"], "state": {}}
+    for idx, st in optimizer_state["state"].items():
         for key, value in st.items():
             if torch.is_tensor(value):
                 tensors[f"{idx}.{key}"] = value.detach().contiguous()
@@ -89,9 +96,18 @@ def save_learner(model: Any, optimizer: Any, out_dir: Path) -> None:
 def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
     """Restore what save_learner wrote (exactly: FP32 weights and optimizer moments)."""
     import torch
+
+    model_state, optimizer_state, rng = read_learner_state(ckpt_dir)
+    model.load_state_dict(model_state, strict=True)
+    optimizer.load_state_dict(optimizer_state)
+    torch.set_rng_state(rng)
+
+
+def read_learner_state(ckpt_dir: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """What save_learner wrote: (model state, optimizer state in torch's layout, RNG state)."""
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(ckpt_dir / "model.safetensors"), strict=True)
+    model_state = load_file(ckpt_dir / "model.safetensors")
     tensors = load_file(ckpt_dir / "optimizer.safetensors")
     scalars = json.loads((ckpt_dir / "optimizer.json").read_text())
     state: dict[int, dict[str, Any]] = {}
@@ -102,5 +118,4 @@ def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
         state.setdefault(int(idx), {})[key] = value
     for idx, extra in scalars["state"].items():
         state.setdefault(int(idx), {}).update(extra)
-    optimizer.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
-    torch.set_rng_state(tensors["rng"])
+    return model_state, {"state": state, "param_groups": scalars["param_groups"]}, tensors["rng"]

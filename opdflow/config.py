@@ -327,6 +327,23 @@ class StageResources:
         _positive(f"{path}.torch_threads", self.torch_threads)
 
 
+@dataclass
+class LearnerResources(StageResources):
+    """Ray resources of the learner: each of its `workers` actors gets num_cpus/num_gpus."""
+
+    workers: int = 1
+    """Data-parallel learner actors (ranks). 1 = one actor, no torch.distributed. N > 1 = N
+    actors in one torch.distributed group (gloo on CPU, NCCL when the learner has GPUs), the
+    student sharded with FSDP2 (parameters, gradients and AdamW state split N ways), the batch
+    split by rows: loss and weights equal one worker's within float tolerance, and a
+    checkpoint from N workers resumes on any M."""
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            _fail(f"{path}.workers", self.workers, "an integer >= 1 (1 = a single learner actor)")
+
+
 def _light() -> StageResources:
     return StageResources(num_cpus=0.0)
 
@@ -367,8 +384,8 @@ class ResourcesConfig:
 
     generator: StageResources = field(default_factory=StageResources)
     """Each rollout engine replica."""
-    learner: StageResources = field(default_factory=StageResources)
-    """The learner."""
+    learner: LearnerResources = field(default_factory=LearnerResources)
+    """The learner (per worker; `workers` of them)."""
     rescorer: StageResources = field(default_factory=_light)
     """The BF16 rescorer."""
     teacher: StageResources = field(default_factory=_light)

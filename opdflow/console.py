@@ -43,6 +43,7 @@ def open_resume(cfg: PipelineConfig, path: str):
     for d in (saved, now):
         d.pop("run_dir", None)
         d["train"].pop("steps", None)
+        d["resources"]["learner"].pop("workers", None)  # checkpoints are full: any N resumes
     changed = _diff(saved, now)
     if changed:
         raise ConfigError(

@@ -37,6 +37,27 @@ def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
     return FixedStaleness(cfg.staleness.k)
 
 
+def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
+    """The learner actor: a Learner, or with resources.learner.workers = N > 1 the rank 0 of
+    a DataParallelLearner, which starts the other N - 1 ranks with these options."""
+    from opdflow.stages.learner import Learner
+
+    res = cfg.resources.learner
+    args = (student, res.torch_threads, cfg.train.__dict__, cfg.seed)
+    lead = placement.scheduling("learner")
+    if res.workers == 1:
+        return _actor(Learner, res, 0, *args, scheduling=lead)
+    from opdflow.stages.dp_learner import DataParallelLearner
+
+    peers = []
+    for _ in range(res.workers - 1):
+        opts = actor_options(res)
+        if (where := placement.scheduling("learner")) is not None:
+            opts["scheduling_strategy"] = where
+        peers.append(opts)
+    return _actor(DataParallelLearner, res, 0, *args, res.workers, peers, scheduling=lead)
+
+
 def _actor(
     cls: type, res: StageResources, restarts: int, *args: Any, scheduling: Any = None
 ) -> Any:
@@ -71,7 +92,6 @@ class Stages:
     def start(cls, cfg: PipelineConfig, log=print) -> Stages:
         from opdflow.stages.evaluator import Evaluator
         from opdflow.stages.generator import GeneratorPool, GeneratorWorker
-        from opdflow.stages.learner import Learner
         from opdflow.stages.rescorer import Rescorer
         from opdflow.stages.teacher import TeacherScorer
         from opdflow.tokenizer import load_tokenizer
@@ -93,9 +113,10 @@ class Stages:
         needed = r.generator.num_cpus * most + sum(
             s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator)
         )
+        needed += r.learner.num_cpus * (r.learner.workers - 1)
         started = connect(needed)
         e, restarts = cfg.engine, cfg.reliability.max_restarts
-        placement = Placement(r, {"generator": e.replicas})
+        placement = Placement(r, {"generator": e.replicas, "learner": r.learner.workers})
         unplaced = placement.reserve(cfg.reliability.startup_timeout_s)
         if unplaced:
             have = ray.cluster_resources()
@@ -146,16 +167,7 @@ class Stages:
                 scheduling=placement.scheduling("teacher"),
             ),
             # the learner holds the run's state: never restarted (resume from a checkpoint)
-            learner=_actor(
-                Learner,
-                r.learner,
-                0,
-                paths.student,
-                r.learner.torch_threads,
-                cfg.train.__dict__,
-                cfg.seed,
-                scheduling=placement.scheduling("learner"),
-            ),
+            learner=make_learner(cfg, paths.student, placement),
             evaluator=_actor(
                 Evaluator,
                 r.evaluator,
@@ -203,6 +215,7 @@ class Stages:
                 f"{', '.join(missing)} not running after {timeout_s:.0f} s; they request "
                 + "; ".join(
                     f"{n}: {a.num_cpus} CPU, {a.num_gpus} GPU, {a.resources or 'no custom'}"
+                    + (f" for each of {a.workers} workers" if getattr(a, "workers", 1) > 1 else "")
                     for n, a in asked.items()
                 )
                 + f"; the cluster has {ray.cluster_resources()}",

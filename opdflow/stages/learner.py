@@ -31,7 +31,7 @@ class Learner(StageActor):
 
         pin_threads(threads)
         torch.manual_seed(seed)
-        self.model = load_model(model_path, "float32").train()
+        self.model = self._wrap(load_model(model_path, "float32").train())
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
             lr=train["lr"],
@@ -48,11 +48,47 @@ class Learner(StageActor):
         ] = []  # (step, batch version): the learner's own record
         self.bad_steps = 0
 
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model as trained (the data-parallel learner shards it here)."""
+        return model
+
+    def _full_state(self) -> dict[str, torch.Tensor] | None:
+        """The full FP32 state dict to publish or save (None on ranks that do not publish)."""
+        return self.model.state_dict()
+
+    def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, float]:
+        """logp_learner_B_T of the whole batch (with grad) and its token-mean entropy."""
+        mask = torch.tensor(batch.response_mask_B_T)
+        logp_learner, logdist = token_logprobs(self.model, batch, want_logdist=True)
+        with torch.no_grad():  # collapse signs for the RL baselines: entropy and length
+            ent_B_T = -(logdist.exp() * logdist).sum(-1)
+            entropy = float((ent_B_T * mask).sum() / mask.sum().clamp_min(1))
+        return logp_learner, entropy
+
+    def _update(self, loss: torch.Tensor) -> float:
+        """Backward, clip and AdamW step; returns the gradient norm before clipping."""
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        clip = self.train_cfg["grad_clip"]
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), clip if clip > 0 else float("inf")
+            )
+        )
+        self.opt.step()
+        return grad_norm
+
     def publish(self) -> list:
         """ray.put the current weights in BF16; returned boxed so the driver holds the ref."""
+        return self._publish()
+
+    def _publish(self) -> list:
         t0 = time.perf_counter()
         with self.span("publish", self.version - 1, self.version) as s:
-            state = {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+            full = self._full_state()
+            if full is None:
+                return [None, time.perf_counter() - t0]
+            state = {k: v.detach().to(torch.bfloat16) for k, v in full.items()}
             packed = pack(state, self.version)
             ref = ray.put(packed)
             s["bytes"] = packed.nbytes
@@ -65,7 +101,7 @@ class Learner(StageActor):
             )
         t_epoch, t0 = time.time(), time.perf_counter()
         mask = torch.tensor(batch.response_mask_B_T)
-        logp_learner, logdist = token_logprobs(self.model, batch, want_logdist=True)
+        logp_learner, entropy = self._score(batch)
         logp_teacher = torch.tensor(batch.logp_teacher_B_T)
         logp_engine = torch.tensor(batch.logp_engine_B_T)
         reward = None if batch.reward_B is None else torch.tensor(batch.reward_B)
@@ -83,9 +119,6 @@ class Learner(StageActor):
             reward,
             torch.tensor(batch.prompt_index_B),
         )
-        with torch.no_grad():  # collapse signs for the RL baselines: entropy and length
-            ent_B_T = -(logdist.exp() * logdist).sum(-1)
-            entropy = float((ent_B_T * mask).sum() / mask.sum().clamp_min(1))
         lp = logp_learner.detach().numpy()
         d_stale = MismatchStats.of(batch.logp_rescore_B_T, lp, batch.response_mask_B_T)
         d_total = MismatchStats.of(batch.logp_engine_B_T, lp, batch.response_mask_B_T)
@@ -95,20 +128,12 @@ class Learner(StageActor):
         if skipped:
             self.bad_steps += 1
         else:
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            clip = self.train_cfg["grad_clip"]
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), clip if clip > 0 else float("inf")
-                )
-            )
-            self.opt.step()
+            grad_norm = self._update(loss)
         self.version = step + 1
         self.trained_steps.append((step, batch.version))
         train_s = time.perf_counter() - t0
         self.add_span("learner", step, batch.version, t_epoch, train_s, batch.num_tokens)
-        weights = self.publish()
+        weights = self._publish()
         return {
             **stats,
             "grad_norm": grad_norm,
@@ -145,15 +170,7 @@ class Learner(StageActor):
         from opdflow.checkpoint import save_learner
 
         save_learner(self.model, self.opt, Path(out_dir))
-        (Path(out_dir) / "learner.json").write_text(
-            json.dumps(
-                {
-                    "version": self.version,
-                    "bad_steps": self.bad_steps,
-                    "trained_steps": self.trained_steps,
-                }
-            )
-        )
+        (Path(out_dir) / "learner.json").write_text(json.dumps(self._meta()))
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
         from pathlib import Path
@@ -161,7 +178,19 @@ class Learner(StageActor):
         from opdflow.checkpoint import load_learner
 
         load_learner(self.model, self.opt, Path(ckpt_dir))
-        meta = json.loads((Path(ckpt_dir) / "learner.json").read_text())
+        self._restore_meta(
+            json.loads((Path(ckpt_dir) / "learner.json").read_text()), ckpt_dir, step
+        )
+
+    def _meta(self) -> dict[str, Any]:
+        """learner.json: the learner's counters and its record of trained steps."""
+        return {
+            "version": self.version,
+            "bad_steps": self.bad_steps,
+            "trained_steps": self.trained_steps,
+        }
+
+    def _restore_meta(self, meta: dict[str, Any], ckpt_dir: str, step: int) -> None:
         if meta["version"] != step:
             raise RuntimeError(
                 f"checkpoint {ckpt_dir} holds version {meta['version']}, expected {step}"

@@ -117,6 +117,9 @@ def test_resume_refusals(tmp_path):
         ConfigError, match=r"no complete checkpoint in .*checkpoints; start a new run"
     ):
         open_resume(cfg, str(run.path))
+    more_workers = apply_overrides(PipelineConfig(), ["resources.learner.workers=2"])
+    with pytest.raises(ConfigError, match=r"no complete checkpoint"):  # not "differs"
+        open_resume(more_workers, str(run.path))
     changed = apply_overrides(PipelineConfig(), ["train.lr=5e-4", "staleness.k=3"])
     with pytest.raises(
         ConfigError, match=r"differs .* staleness\.k \(2 in the run, 3 now\); train\.lr"

@@ -21,6 +21,7 @@ def test_defaults_validate_and_round_trip_through_a_dict():
         ("engine.top_p=1.5", r"engine\.top_p = 1\.5"),
         ("train.steps=ten", r"train\.steps = 'ten'.*int"),
         ("models.tiny.hidden_size=64", r"head size >= 32"),
+        ("resources.learner.workers=0", r"resources\.learner\.workers = 0 .*>= 1"),
     ],
 )
 def test_bad_values_name_the_field_the_value_and_what_is_allowed(override, message):
