@@ -18,7 +18,7 @@ import torch
 from opdflow.losses import LossOptions, policy_loss
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
-from opdflow.scoring import token_logprobs
+from opdflow.scoring import score_tokens
 from opdflow.stages import StageActor, pin_threads
 from opdflow.weights import pack
 
@@ -65,7 +65,10 @@ class Learner(StageActor):
             )
         t_epoch, t0 = time.time(), time.perf_counter()
         mask = torch.tensor(batch.response_mask_B_T)
-        logp_learner, logdist = token_logprobs(self.model, batch, want_logdist=True)
+        scores = score_tokens(
+            self.model, batch, entropy=True, chunk_tokens=self.train_cfg["logit_chunk_tokens"]
+        )
+        logp_learner = scores.logp_B_T
         logp_teacher = torch.tensor(batch.logp_teacher_B_T)
         logp_engine = torch.tensor(batch.logp_engine_B_T)
         reward = None if batch.reward_B is None else torch.tensor(batch.reward_B)
@@ -83,9 +86,8 @@ class Learner(StageActor):
             reward,
             torch.tensor(batch.prompt_index_B),
         )
-        with torch.no_grad():  # collapse signs for the RL baselines: entropy and length
-            ent_B_T = -(logdist.exp() * logdist).sum(-1)
-            entropy = float((ent_B_T * mask).sum() / mask.sum().clamp_min(1))
+        # collapse signs for the RL baselines: entropy and length
+        entropy = float((scores.entropy_B_T * mask).sum() / mask.sum().clamp_min(1))
         lp = logp_learner.detach().numpy()
         d_stale = MismatchStats.of(batch.logp_rescore_B_T, lp, batch.response_mask_B_T)
         d_total = MismatchStats.of(batch.logp_engine_B_T, lp, batch.response_mask_B_T)
