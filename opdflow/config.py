@@ -226,6 +226,11 @@ class TrainConfig:
     """Subtract the batch-mean advantage (score centering)."""
     max_bad_steps: int = 3
     """Steps with a NaN/inf loss are skipped; the run stops after this many."""
+    logit_chunk_tokens: int = 1024
+    """Response tokens whose full-vocabulary logits exist at once when the learner, rescorer,
+    teacher and evaluator score tokens (logp, entropy, exact KL and their gradient): memory
+    ~ this x vocabulary x 4 bytes x a few (1024 x 150k vocab: ~0.6 GB per copy), never the
+    whole batch's B x T x vocabulary."""
 
     def validate(self, path: str) -> None:
         _positive(f"{path}.steps", self.steps)
@@ -236,6 +241,7 @@ class TrainConfig:
         _one_of(f"{path}.advantage_from", self.advantage_from, ("learner", "engine"))
         _nonnegative(f"{path}.is_clip", self.is_clip)
         _nonnegative(f"{path}.max_bad_steps", self.max_bad_steps)
+        _in_range(f"{path}.logit_chunk_tokens", self.logit_chunk_tokens, 1, 2**31 - 1)
 
 
 @dataclass

@@ -104,8 +104,8 @@ class MeasureSession:
 
         from opdflow.engines.base import GenerationRequest, SamplingParams
         from opdflow.engines.recipes import parse_recipe
-        from opdflow.mismatch import MismatchStats, exact_kl_per_token
-        from opdflow.scoring import token_logprobs
+        from opdflow.mismatch import MismatchStats
+        from opdflow.scoring import score_tokens
         from opdflow.stats import pooled_ratio_ci
 
         text = parse_recipe(recipe).text
@@ -118,11 +118,15 @@ class MeasureSession:
         )
         batch = self._engine(text).generate(request)
         with torch.no_grad():
-            logp, logdist = token_logprobs(self.student, batch, e.temperature, self.exact)
-        logp_bf16 = logp.numpy()
-        kl = None
-        if self.exact:
-            kl = exact_kl_per_token(batch.logdist_engine_B_T_V, logdist.numpy())
+            scores = score_tokens(
+                self.student,
+                batch,
+                e.temperature,
+                ref_logdist_B_T_V=batch.logdist_engine_B_T_V if self.exact else None,
+                chunk_tokens=self.cfg.train.logit_chunk_tokens,
+            )
+        logp_bf16 = scores.logp_B_T.numpy()
+        kl = None if scores.kl_B_T is None else scores.kl_B_T.numpy()
         mask = batch.response_mask_B_T
         stats = MismatchStats.of(batch.logp_engine_B_T, logp_bf16, mask, kl)
         diff = np.where(mask, batch.logp_engine_B_T.astype(np.float64) - logp_bf16, 0.0)

@@ -1,16 +1,40 @@
-"""Per-token log-probabilities of given responses under a model: one forward pass.
+"""Per-token log-probabilities of given responses under a model, computed chunk by chunk.
 
 The rescorer, the teacher scorer, the learner and the evaluator all score tokens the
 same way (prefill of prompt + response, logits shifted by one), so their numbers differ
 only by the weights and precision they use, never by how they were computed.
+
+A full B x T x V logit tensor does not fit at paper scale (16k tokens x 150k vocabulary
+is ~10 GB in fp32, and log_softmax plus its gradient several times that). So the model
+body runs once for the hidden states, only the response positions are kept, and the
+lm_head, log_softmax, gather, entropy and exact KL run `chunk_tokens` tokens at a time:
+at most chunk_tokens x V floats (times a small constant) exist at once. The gradient
+goes through a custom autograd function that recomputes each chunk's logits in backward.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from opdflow.rollout import RolloutBatch
+
+DEFAULT_CHUNK_TOKENS = 1024
+"""Tokens whose full-vocabulary logits are held at once (1024 x 150k fp32 is ~0.6 GB)."""
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Per-response-token scores, zero where the response mask is False."""
+
+    logp_B_T: torch.Tensor
+    """log p(y_t | s_t), float32; carries the gradient when grad is enabled."""
+    entropy_B_T: torch.Tensor | None = None
+    """Entropy of the next-token distribution in nats, float32, no gradient."""
+    kl_B_T: torch.Tensor | None = None
+    """Exact KL(ref || model) over the vocabulary in nats, float64, no gradient."""
 
 
 def batch_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -23,13 +47,200 @@ def batch_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torc
     return ids, attn, pos, batch.prompt_ids_B_P.shape[1]
 
 
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a DistributedDataParallel-style wrapper (`.module`)."""
+    while not hasattr(model, "get_decoder") and isinstance(
+        getattr(model, "module", None), torch.nn.Module
+    ):
+        model = model.module
+    return model
+
+
+def _head(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The lm_head's weight_V_H and bias_V; refuses heads that post-process their logits."""
+    inner = _unwrap(model)
+    config = inner.config
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, name, None) not in (None, 1.0):
+            raise NotImplementedError(
+                f"{config.model_type}: config.{name}={getattr(config, name)!r} transforms the "
+                "logits after the lm_head, which chunked scoring does not apply"
+            )
+    head = inner.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def _response_hidden(
+    model: torch.nn.Module, batch: RolloutBatch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h_N_H (final hidden states, post-norm, predicting each unmasked response token),
+    targets_N and the response mask_B_T.
+
+    The model's own forward runs (so a DDP wrapper sees it), with `logits_to_keep=1` so
+    its lm_head projects only the last position; a hook on the decoder captures the
+    hidden states the lm_head would have read.
+    """
+    ids, attn, pos, P = batch_tensors(batch)
+    T = batch.response_ids_B_T.shape[1]
+    captured: list[torch.Tensor] = []
+
+    def keep(_module, _args, out) -> None:
+        captured.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
+
+    handle = _unwrap(model).get_decoder().register_forward_hook(keep)
+    try:
+        model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1)
+    finally:
+        handle.remove()
+    mask_B_T = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool))
+    h_N_H = captured[0][:, P - 1 : P - 1 + T][mask_B_T]
+    return h_N_H, ids[:, P : P + T][mask_B_T], mask_B_T
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float) -> torch.Tensor:
+    """Logits of one chunk in at least float32, the lm_head in the model's own precision."""
+    z = torch.nn.functional.linear(h, weight, bias)
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    return z / temperature if temperature != 1.0 else z
+
+
+def _kl(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(q || p) per row, float64 accumulation; q(v) = 0 terms (top-p) contribute 0."""
+    q = logq.exp()
+    diff = torch.where(q > 0, logq - logp, torch.zeros_like(logq))
+    return (q * diff).sum(-1, dtype=torch.float64)
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    """log_softmax(h W^T + b)[target] chunk by chunk; backward recomputes each chunk.
+
+    Outputs logp_N (differentiable), entropy_N and kl_N (empty unless asked for).
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, temperature, chunk, want_entropy, ref, ref_rows):
+        N, acc = h.shape[0], torch.promote_types(h.dtype, torch.float32)
+        logp = h.new_empty(N, dtype=acc)
+        lse = h.new_empty(N, dtype=acc)
+        ent = h.new_empty(N if want_entropy else 0, dtype=acc)
+        kl = h.new_empty(N if ref is not None else 0, dtype=torch.float64)
+        for s in range(0, N, chunk):
+            e = min(s + chunk, N)
+            z = _logits(h[s:e], weight, bias, temperature)
+            lse[s:e] = z.logsumexp(-1)
+            logdist = z.sub_(lse[s:e, None])  # z is not needed again: reuse its memory
+            logp[s:e] = logdist.gather(-1, targets[s:e, None]).squeeze(-1)
+            if want_entropy:
+                ent[s:e] = -(logdist.exp() * logdist).sum(-1)
+            if ref is not None:
+                kl[s:e] = _kl(torch.from_numpy(ref[ref_rows[s:e]]).float(), logdist)
+            del z, logdist
+        ctx.save_for_backward(h, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(ent, kl)
+        return logp, ent, kl
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_ent, _grad_kl):
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(h) if need_h else None
+        acc = lse.dtype
+        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None
+        N, chunk = h.shape[0], ctx.chunk
+        for s in range(0, N, chunk):
+            e = min(s + chunk, N)
+            g = grad_logp[s:e].to(acc)
+            # d logp / d z = onehot(target) - softmax(z), z = (h W^T + b) / temperature
+            dz = _logits(h[s:e], weight, bias, ctx.temperature).sub_(lse[s:e, None]).exp_()
+            dz.mul_(-g[:, None]).scatter_add_(-1, targets[s:e, None], g[:, None])
+            if ctx.temperature != 1.0:
+                dz.div_(ctx.temperature)
+            if need_h:
+                grad_h[s:e] = (dz.to(weight.dtype) @ weight).to(h.dtype)
+            if need_w:
+                grad_w.addmm_(dz.t(), h[s:e].to(acc))
+            if need_b:
+                grad_b += dz.sum(0)
+            del dz
+        grad_w = grad_w.to(weight.dtype) if need_w else None
+        grad_b = grad_b.to(bias.dtype) if need_b else None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _scatter(values_N: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+    """values of the unmasked tokens back into a zero-filled B x T tensor (differentiable)."""
+    flat = values_N.new_zeros(mask_B_T.numel())
+    index = mask_B_T.reshape(-1).nonzero().squeeze(-1)
+    return flat.index_put((index,), values_N).reshape(mask_B_T.shape)
+
+
+def score_tokens(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    *,
+    entropy: bool = False,
+    ref_logdist_B_T_V: np.ndarray | torch.Tensor | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> TokenScores:
+    """logp_B_T of the response tokens, and optionally the entropy and the exact
+    KL(ref || model) against a given log-distribution (e.g. the engine's), chunk by chunk."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens={chunk_tokens!r}: must be a positive number of tokens")
+    h_N_H, targets_N, mask_B_T = _response_hidden(model, batch)
+    weight, bias = _head(model)
+    ref, rows = None, None
+    if ref_logdist_B_T_V is not None:
+        ref = np.asarray(ref_logdist_B_T_V)  # numpy: read-only Ray arrays stay uncopied
+        ref = ref.reshape(-1, ref.shape[-1])  # (B*T) x V view; each chunk copies its rows
+        rows = mask_B_T.reshape(-1).nonzero().squeeze(-1).numpy()
+    logp_N, ent_N, kl_N = _ChunkedLogprob.apply(
+        h_N_H, weight, bias, targets_N, temperature, chunk_tokens, entropy, ref, rows
+    )
+    return TokenScores(
+        _scatter(logp_N, mask_B_T),
+        _scatter(ent_N, mask_B_T) if entropy else None,
+        _scatter(kl_N, mask_B_T) if ref is not None else None,
+    )
+
+
+@torch.no_grad()
+def exact_kl_between(
+    model_q: torch.nn.Module,
+    model_p: torch.nn.Module,
+    batch: RolloutBatch,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Exact KL(q || p) over the vocabulary at each response position (float64 B x T,
+    zero where masked), two models' logits compared chunk by chunk at temperature 1."""
+    hq_N_H, _, mask_B_T = _response_hidden(model_q, batch)
+    hp_N_H, _, _ = _response_hidden(model_p, batch)
+    (wq, bq), (wp, bp) = _head(model_q), _head(model_p)
+    kl_N = torch.empty(hq_N_H.shape[0], dtype=torch.float64)
+    for s in range(0, hq_N_H.shape[0], chunk_tokens):
+        e = s + chunk_tokens
+        logq = torch.log_softmax(_logits(hq_N_H[s:e], wq, bq, 1.0), -1)
+        logp = torch.log_softmax(_logits(hp_N_H[s:e], wp, bp, 1.0), -1)
+        kl_N[s:e] = _kl(logq, logp)
+    return _scatter(kl_N, mask_B_T)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     batch: RolloutBatch,
     temperature: float = 1.0,
     want_logdist: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logp_B_T of each response token (float32, grad if enabled) and optionally logdist_B_T_V."""
+    """logp_B_T of each response token (float32, grad if enabled), chunked.
+
+    want_logdist=True instead runs the unchunked reference and also returns the full
+    logdist_B_T_V: B x T x V floats, for tests and small vocabularies only.
+    """
+    if not want_logdist:
+        return score_tokens(model, batch, temperature, chunk_tokens=chunk_tokens).logp_B_T, None
     ids, attn, pos, P = batch_tensors(batch)
     T = batch.response_ids_B_T.shape[1]
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
@@ -41,4 +252,4 @@ def token_logprobs(
     logp_B_T = logdist_B_T_V.gather(-1, target[..., None]).squeeze(-1)
     mask = torch.tensor(batch.response_mask_B_T)
     logp_B_T = torch.where(mask, logp_B_T, torch.zeros_like(logp_B_T))
-    return logp_B_T, (logdist_B_T_V if want_logdist else None)
+    return logp_B_T, logdist_B_T_V

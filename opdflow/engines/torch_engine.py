@@ -55,6 +55,8 @@ class TorchEngine:
         # transformers 5.2x renamed the forward's `past_key_values` to `cache`
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # the prefill needs the last position's logits only, not P x vocabulary of them
+        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.recipe.prepare(self.model)
         self.recipe.transform_weights(self.model)
 
@@ -94,6 +96,7 @@ class TorchEngine:
             position_ids=pos,
             use_cache=True,
             **{self._cache_kw: cache},
+            **self._keep_last,
         )
         tokens, logps, masks, logdists = [], [], [], []
         done = torch.zeros(B, dtype=torch.bool, device=self.device)

@@ -156,6 +156,7 @@ class Stages:
                 paths.student,
                 r.rescorer.torch_threads,
                 e.temperature,
+                cfg.train.logit_chunk_tokens,
                 scheduling=placement.scheduling("rescorer"),
             ),
             teacher=_actor(
@@ -164,6 +165,7 @@ class Stages:
                 restarts,
                 paths.teacher,
                 r.teacher.torch_threads,
+                cfg.train.logit_chunk_tokens,
                 scheduling=placement.scheduling("teacher"),
             ),
             # the learner holds the run's state: never restarted (resume from a checkpoint)
@@ -176,6 +178,7 @@ class Stages:
                 paths.teacher,
                 paths.tokenizer,
                 r.evaluator.torch_threads,
+                cfg.train.logit_chunk_tokens,
                 scheduling=placement.scheduling("evaluator"),
             ),
             train_set=train_set,

@@ -32,7 +32,7 @@ import ray
 import torch
 
 from opdflow.rollout import RolloutBatch
-from opdflow.scoring import token_logprobs
+from opdflow.scoring import score_tokens
 from opdflow.stages.learner import Learner
 
 
@@ -114,10 +114,12 @@ class DataParallelLearner(Learner):
         bounds = np.linspace(0, responses, self.world + 1).round().astype(int)
         lo, hi = int(bounds[self.rank]), int(bounds[self.rank + 1])
         mine = rows_of(batch, lo, hi)
-        logp_mine_R_T, logdist = token_logprobs(self.model, mine, want_logdist=True)
+        scores = score_tokens(
+            self.model, mine, entropy=True, chunk_tokens=self.train_cfg["logit_chunk_tokens"]
+        )
+        logp_mine_R_T, ent_R_T = scores.logp_B_T, scores.entropy_B_T
         mask_R_T = torch.tensor(mine.response_mask_B_T, device=logp_mine_R_T.device)
         with torch.no_grad():
-            ent_R_T = -(logdist.exp() * logdist).sum(-1)
             sums = torch.stack([(ent_R_T * mask_R_T).sum(), mask_R_T.sum().to(ent_R_T.dtype)])
         rows = int(np.diff(bounds).max())
         padded = torch.zeros(rows, T, dtype=logp_mine_R_T.dtype, device=logp_mine_R_T.device)

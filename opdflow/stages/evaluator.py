@@ -1,6 +1,10 @@
 """The held-out evaluator: the standard BF16 engine samples from the current student on
 a fixed prompt set; exact KL(p_student || p_teacher) over the vocabulary, per prompt.
 
+The KL compares the engine's BF16 student and the teacher on a prefill of the sampled
+responses, chunk by chunk (scoring.exact_kl_between), so no B x T x V distribution is
+ever stored: at temperature 1 and top-p 1 it is the distribution the engine sampled from.
+
 Responses always come from the standard engine, never the run's own recipe, so runs
 with different rollout engines are compared on equal footing (the paper's metric).
 """
@@ -11,8 +15,7 @@ import torch
 
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine
-from opdflow.mismatch import exact_kl_per_token
-from opdflow.scoring import token_logprobs
+from opdflow.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_between
 from opdflow.stages import StageActor, pin_threads
 from opdflow.task import correctness
 
@@ -20,7 +23,14 @@ from opdflow.task import correctness
 class Evaluator(StageActor):
     """Standard BF16 student engine plus the teacher (a Ray actor)."""
 
-    def __init__(self, student_path: str, teacher_path: str, tokenizer_path: str, threads: int):
+    def __init__(
+        self,
+        student_path: str,
+        teacher_path: str,
+        tokenizer_path: str,
+        threads: int,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ):
         from opdflow.models import load_model
         from opdflow.tokenizer import load_tokenizer
 
@@ -30,6 +40,7 @@ class Evaluator(StageActor):
             student_path, self.tok.pad_token_id, self.tok.eos_token_id, "bf16"
         )
         self.teacher = load_model(teacher_path, "bfloat16")
+        self.chunk_tokens = chunk_tokens
 
     @torch.no_grad()
     def heldout(
@@ -64,11 +75,11 @@ class Evaluator(StageActor):
             n,
             seed,
             version,
-            SamplingParams(1.0, 1.0, max_new_tokens, return_logdist=True),
+            SamplingParams(1.0, 1.0, max_new_tokens),
         )
         batch = self.engine.generate(req)
-        _, teacher_logdist = token_logprobs(self.teacher, batch, want_logdist=True)
-        kl_B_T = exact_kl_per_token(batch.logdist_engine_B_T_V, teacher_logdist.numpy())
+        kl_B_T = exact_kl_between(self.engine.model, self.teacher, batch, self.chunk_tokens)
+        kl_B_T = kl_B_T.numpy()
         mask = batch.response_mask_B_T
         kl_sum_B = (kl_B_T * mask).sum(1)
         tok_B = mask.sum(1)

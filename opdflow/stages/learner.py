@@ -18,7 +18,7 @@ import torch
 from opdflow.losses import LossOptions, policy_loss
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
-from opdflow.scoring import token_logprobs
+from opdflow.scoring import score_tokens
 from opdflow.stages import StageActor, pin_threads
 from opdflow.weights import pack
 
@@ -59,11 +59,12 @@ class Learner(StageActor):
     def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, float]:
         """logp_learner_B_T of the whole batch (with grad) and its token-mean entropy."""
         mask = torch.tensor(batch.response_mask_B_T)
-        logp_learner, logdist = token_logprobs(self.model, batch, want_logdist=True)
-        with torch.no_grad():  # collapse signs for the RL baselines: entropy and length
-            ent_B_T = -(logdist.exp() * logdist).sum(-1)
-            entropy = float((ent_B_T * mask).sum() / mask.sum().clamp_min(1))
-        return logp_learner, entropy
+        scores = score_tokens(
+            self.model, batch, entropy=True, chunk_tokens=self.train_cfg["logit_chunk_tokens"]
+        )
+        # collapse signs for the RL baselines: entropy and length
+        entropy = float((scores.entropy_B_T * mask).sum() / mask.sum().clamp_min(1))
+        return scores.logp_B_T, entropy
 
     def _update(self, loss: torch.Tensor) -> float:
         """Backward, clip and AdamW step; returns the gradient norm before clipping."""

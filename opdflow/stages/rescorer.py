@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import torch
 
-from opdflow.mismatch import exact_kl_per_token
 from opdflow.rollout import RolloutBatch, concat
-from opdflow.scoring import token_logprobs
+from opdflow.scoring import DEFAULT_CHUNK_TOKENS, score_tokens
 from opdflow.stages import VersionedModel, pin_threads
 
 
 class Rescorer(VersionedModel):
     """BF16 student (a Ray actor) that follows the weights versions it is asked for."""
 
-    def __init__(self, model_path: str, threads: int, temperature: float = 1.0):
+    def __init__(
+        self,
+        model_path: str,
+        threads: int,
+        temperature: float = 1.0,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ):
         from opdflow.models import load_model
 
         pin_threads(threads)
         self.model = load_model(model_path, "bfloat16")
         self.temperature = temperature
+        self.chunk_tokens = chunk_tokens
         self.version = 0
 
     @torch.no_grad()
@@ -36,12 +42,16 @@ class Rescorer(VersionedModel):
             return self._rescore(batch)
 
     def _rescore(self, batch: RolloutBatch) -> RolloutBatch:
-        want = batch.logdist_engine_B_T_V is not None
-        logp, logdist = token_logprobs(self.model, batch, self.temperature, want_logdist=want)
-        kl = None
-        if want:
-            kl = exact_kl_per_token(batch.logdist_engine_B_T_V, logdist.numpy())
-            kl = (kl * batch.response_mask_B_T).astype("float32")
+        scores = score_tokens(
+            self.model,
+            batch,
+            self.temperature,
+            ref_logdist_B_T_V=batch.logdist_engine_B_T_V,
+            chunk_tokens=self.chunk_tokens,
+        )
+        kl = None if scores.kl_B_T is None else scores.kl_B_T.numpy().astype("float32")
         return batch.replace(
-            logp_rescore_B_T=logp.numpy(), kl_engine_exact_B_T=kl, logdist_engine_B_T_V=None
+            logp_rescore_B_T=scores.logp_B_T.numpy(),
+            kl_engine_exact_B_T=kl,
+            logdist_engine_B_T_V=None,
         )
