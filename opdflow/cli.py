@@ -40,15 +40,31 @@ _set_option = click.option(
 @main.command()
 @click.argument("pipeline")
 @_set_option
-def validate(pipeline: str, overrides: tuple[str, ...]) -> None:
-    """Load and validate PIPELINE (path.py[:function]) without starting Ray."""
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="NxG[:C]",
+    help="Also place every actor on N nodes of G GPUs (and C CPUs) each, e.g. 2x4:72.",
+)
+def validate(pipeline: str, overrides: tuple[str, ...], cluster: str | None) -> None:
+    """Load and validate PIPELINE (path.py[:function]) without starting Ray.
+
+    Checks the config, not the files it names (run checks those when it starts)."""
     import json
 
     from opdflow.config import load_pipeline
 
     cfg = load_pipeline(pipeline, list(overrides))
     click.echo(json.dumps(cfg.to_dict(), indent=2))
-    click.secho(f"{pipeline}: valid", fg="green", err=True)
+    if cluster:
+        from opdflow.placement import fit, parse_cluster
+
+        where = fit(cfg, parse_cluster(cluster))
+        for node in sorted(set(where.values())):
+            actors = ", ".join(a for a, n in where.items() if n == node)
+            click.echo(f"node {node}: {actors}", err=True)
+    fits = f" and fits {cluster}" if cluster else ""
+    click.secho(f"{pipeline}: valid{fits}", fg="green", err=True)
 
 
 @main.command()

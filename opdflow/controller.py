@@ -43,6 +43,7 @@ from opdflow.supervisor import (
     stop_on_signals,
 )
 from opdflow.trackers import open_trackers
+from opdflow.weights import live_bound
 
 
 @dataclass
@@ -94,6 +95,7 @@ def run_pipeline(
         st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
         on_start(st)
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
+        max_live = live_bound(cfg.staleness)
         first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
         dropped, next_launch = (resume.state["dropped"] if resume else 0), first
@@ -158,6 +160,7 @@ def run_pipeline(
                                       "lower train.lr or check the models")  # fmt: skip
                 launch_ready()
                 store.release_below(min([p.version for p in pending.values()] + [store.latest]))
+                store.check_bound(max_live)  # a leaked version would fill the object store
                 if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
                     st.evaluate(step + 1)
                 row = {
@@ -165,6 +168,7 @@ def run_pipeline(
                     **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
                     "dropped": dropped, "time_s": elapsed, "queue_depth": len(pending),
                     "live_weight_versions": len(store.live_versions()),
+                    "weight_bytes_live": store.bytes_live(),
                     "generator_replicas": st.pool.status()["ready"],
                     **st.collect_evals(run, wait=False),
                 }  # fmt: skip
@@ -234,6 +238,8 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
         "d_stale_k3": tok_mean("d_stale_k3"),
         "d_total_k1": tok_mean("d_total_k1"),
         "max_staleness": int(max(r["staleness"] for r in m)),
+        "live_weight_versions_max": int(max(r["live_weight_versions"] for r in m)),
+        "weight_bytes_live_max": int(max(r.get("weight_bytes_live", 0) for r in m)),
         "dropped_batches": dropped,
         "trained_steps_record": record,
     }

@@ -6,13 +6,17 @@ becomes one Ray placement group with one bundle per actor, holding that stage's
 resources; actors then take the bundles in order. A group the cluster cannot hold is an
 error naming its bundles and the cluster's resources after the start-up deadline, never
 a hang (on an autoscaling cluster the pending group is what asks for the nodes).
+
+`fit` places a pipeline's actors on a described cluster (e.g. 2 nodes x 4 GPUs) without
+Ray, with the same bundles and group strategies: `opdflow validate --cluster 2x4:72`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from opdflow.config import ResourcesConfig, StageResources
+from opdflow.config import STAGES, ConfigError, PipelineConfig, ResourcesConfig, StageResources
 
 LIGHT_CPU = 0.01
 """A bundle must ask for something: stages that reserve no resources take this much CPU."""
@@ -25,20 +29,29 @@ def bundle(res: StageResources) -> dict[str, float]:
     return b or {"CPU": LIGHT_CPU}
 
 
+def actor_name(stage: str, index: int) -> str:
+    """How stages' actors are named (Stages.actors): generator[i], the others by stage."""
+    return f"generator[{index}]" if stage == "generator" else stage
+
+
 class Placement:
     """The run's placement groups, and the next free bundle of each grouped stage."""
 
     def __init__(self, resources: ResourcesConfig, actors_per_stage: dict[str, int]):
         self.strategy = resources.placement.strategy
         self.groups: list[tuple[list[str], list[dict[str, float]]]] = []
+        self.actors: list[list[str]] = []  # per group, the actor of each bundle
         self._slots: dict[str, list[tuple[int, int]]] = {}  # stage -> [(group, bundle)]
         for g, stages in enumerate(resources.placement.groups):
             bundles: list[dict[str, float]] = []
+            names: list[str] = []
             for stage in stages:
-                for _ in range(actors_per_stage.get(stage, 1)):
+                for i in range(actors_per_stage.get(stage, 1)):
                     self._slots.setdefault(stage, []).append((g, len(bundles)))
                     bundles.append(bundle(getattr(resources, stage)))
+                    names.append(actor_name(stage, i))
             self.groups.append((stages, bundles))
+            self.actors.append(names)
         self.pgs: list[Any] = []
 
     def reserve(self, timeout_s: float) -> str | None:
@@ -74,3 +87,122 @@ class Placement:
         for pg in self.pgs:
             remove_placement_group(pg)
         self.pgs = []
+
+
+# ---------------------------------------------------------------- fitting a described cluster
+
+
+def parse_cluster(spec: str) -> list[dict[str, float]]:
+    """'2x4' = 2 nodes of 4 GPUs (CPUs unbounded); '2x4:72' = and 72 CPUs each."""
+    try:
+        shape, _, cpus = spec.strip().partition(":")
+        n, gpus = (int(x) for x in shape.lower().split("x"))
+        node = {"GPU": float(gpus), "CPU": float(cpus) if cpus else math.inf}
+        if n < 1 or gpus < 0 or node["CPU"] <= 0:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"cluster {spec!r} is not allowed: expected NODESxGPUS[:CPUS], e.g. 2x4 or 2x4:72"
+        ) from None
+    return [dict(node) for _ in range(n)]
+
+
+def check_gpu_shares(cfg: PipelineConfig) -> None:
+    """GPU counts that tile a GPU: whole numbers, or 1/n so n actors fill one exactly; a
+    vLLM generator (one in-process worker, no tensor parallelism) takes one whole GPU."""
+    for stage in STAGES:
+        g = getattr(cfg.resources, stage).num_gpus
+        if 0 < g < 1 and abs(1 / g - round(1 / g)) > 1e-6:
+            raise ConfigError(
+                f"resources.{stage}.num_gpus = {g!r} does not divide a GPU: use 1/n "
+                f"(e.g. {1 / math.ceil(1 / g):g}) or a whole number"
+            )
+        if g > 1 and g != int(g):
+            raise ConfigError(
+                f"resources.{stage}.num_gpus = {g!r}: above 1 Ray takes whole GPUs only"
+            )
+    g = cfg.resources.generator.num_gpus
+    if cfg.engine.kind == "vllm" and g not in (0, 1):
+        raise ConfigError(
+            f"resources.generator.num_gpus = {g!r} with engine.kind='vllm': VLLMEngine runs one "
+            "in-process worker (no tensor parallelism), so it takes 1 GPU (0: vLLM's CPU build)"
+        )
+
+
+def _fits(free: dict[str, float], b: dict[str, float]) -> bool:
+    return all(free.get(k, 0.0) + 1e-9 >= v for k, v in b.items())
+
+
+def _take(free: dict[str, float], b: dict[str, float]) -> None:
+    for k, v in b.items():
+        free[k] = free.get(k, 0.0) - v
+
+
+def fit(cfg: PipelineConfig, nodes: list[dict[str, float]]) -> dict[str, int]:
+    """Place every actor of `cfg` on `nodes` (resource dicts); returns actor -> node index.
+
+    Placement groups first, as Placement reserves them (STRICT_PACK: one node; PACK: one
+    node if any holds the group, else bundle by bundle; SPREAD / STRICT_SPREAD: distinct
+    nodes, preferred / required), then the other actors largest first, first fit; the
+    generator counts at its largest pool (engine.max_replicas). Greedy, like a scheduler:
+    a fit is a placement that works, a ConfigError names the actor that found no room.
+    """
+    check_gpu_shares(cfg)
+    r, e = cfg.resources, cfg.engine
+    free = [dict(n) for n in nodes]
+    where: dict[str, int] = {}
+    placement = Placement(r, {"generator": e.replicas})
+    strategy = placement.strategy
+
+    def left() -> str:
+        return "; ".join(
+            f"node {i}: " + ", ".join(f"{v:g} {k}" for k, v in sorted(f.items()))
+            for i, f in enumerate(free)
+        )
+
+    for (stages, bundles), names in zip(placement.groups, placement.actors):
+        total: dict[str, float] = {}
+        for b in bundles:
+            for k, v in b.items():
+                total[k] = total.get(k, 0.0) + v
+        one = next((i for i, f in enumerate(free) if _fits(f, total)), None)
+        if strategy in ("STRICT_PACK", "PACK") and one is not None:
+            for name, b in zip(names, bundles):
+                _take(free[one], b)
+                where[name] = one
+            continue
+        if strategy == "STRICT_PACK":
+            raise ConfigError(
+                f"resources.placement.groups: {'+'.join(stages)} (STRICT_PACK) needs "
+                f"{total} on one node; free: {left()}"
+            )
+        used: set[int] = set()
+        for name, b in zip(names, bundles):
+            order = sorted(range(len(free)), key=lambda i: i in used) if "SPREAD" in strategy \
+                else list(range(len(free)))  # fmt: skip
+            if strategy == "STRICT_SPREAD":
+                order = [i for i in order if i not in used]
+            i = next((i for i in order if _fits(free[i], b)), None)
+            if i is None:
+                raise ConfigError(
+                    f"resources.placement.groups: {name} of {'+'.join(stages)} ({strategy}) "
+                    f"needs {b}; free: {left()}"
+                )
+            _take(free[i], b)
+            where[name] = i
+            used.add(i)
+    rest = [(n, bundle(getattr(r, n))) for n in STAGES[1:] if n not in where]
+    most = max(e.replicas, e.max_replicas or 0)
+    rest += [(actor_name("generator", i), bundle(r.generator)) for i in range(most)
+             if actor_name("generator", i) not in where]  # fmt: skip
+    rest.sort(key=lambda nb: (-nb[1].get("GPU", 0.0), -nb[1].get("CPU", 0.0)))
+    for name, b in rest:
+        i = next((i for i, f in enumerate(free) if _fits(f, b)), None)
+        if i is None:
+            stage = name.split("[")[0]
+            raise ConfigError(
+                f"{name} (resources.{stage}) needs {b} and no node has it left; free: {left()}"
+            )
+        _take(free[i], b)
+        where[name] = i
+    return where

@@ -16,7 +16,8 @@ The model, stage by stage (every server is FIFO in submission order, like a Ray 
   from the run (its chunk seconds / (responses x expected longest length there)) and the
   lengths drawn per response from a LengthModel (long tails: `pareto:ALPHA`).
 - Rescorer (fetch on a version change, then seconds/token x the step's tokens), teacher
-  (seconds/token x tokens): after every chunk of the step is done.
+  (seconds/token x tokens), both divided by the scorer speedup: after every chunk of the
+  step is done.
 - Learner (driver loop): waits for step n's scored batch (trainer wait); a batch outside
   the bound (k lowered since launch) is dropped and regenerated; trains (seconds/token x
   tokens / learner speedup), publishes (resampled publish time) version n + 1, reports a
@@ -262,6 +263,9 @@ class SimConfig:
     """Multiplies every response length (and the cap)."""
     learner_speedup: float = 1.0
     """Divides the learner's time per token."""
+    scorer_speedup: float = 1.0
+    """Divides the rescorer's and teacher's time per token (on a GPU a scoring prefill costs
+    far less per token than decoding; on the CPU reference they cost about the same)."""
     tail: str = "empirical"
     """Response-length model: "empirical" or "pareto:ALPHA[:CAP]" (LengthModel)."""
     target_wait_share: float = SATURATED_WAIT_SHARE
@@ -291,6 +295,8 @@ class SimConfig:
             bad("cores", self.cores, "a number > 0 or None")
         if not self.learner_speedup > 0:
             bad("learner_speedup", self.learner_speedup, "a number > 0")
+        if not self.scorer_speedup > 0:
+            bad("scorer_speedup", self.scorer_speedup, "a number > 0")
         return self
 
 
@@ -430,12 +436,12 @@ class _Dataflow:
             chunks.append(m.submit(_Task(f"generator/{idx}", work)))
             counts[idx] += 1
             tokens += float(lengths.sum())
-        work = self.pick(t.rescorer_s_per_token) * tokens
+        work = self.pick(t.rescorer_s_per_token) * tokens / cfg.scorer_speedup
         if self.rescorer_holds != version:
             work += self.pick(t.rescorer_fetch_s)
             self.rescorer_holds = version
         rescored = m.submit(_Task("rescorer", work, tuple(chunks)))
-        work = self.pick(t.teacher_s_per_token) * tokens
+        work = self.pick(t.teacher_s_per_token) * tokens / cfg.scorer_speedup
         scored = m.submit(_Task("teacher", work, (rescored,)))
         return _Job(version, m.now, scored, round(tokens))
 

@@ -8,9 +8,12 @@ put 2.7 GB/s, get 0.35 ms). bfloat16 travels as its raw 16-bit pattern.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from opdflow.config import StalenessConfig
 
 
 @dataclass(frozen=True)
@@ -74,15 +77,43 @@ def unpack(packed: PackedWeights) -> dict[str, Any]:
     return out
 
 
+def object_nbytes(ref: Any) -> int:
+    """Bytes of a sealed object in Ray's object store (asks its owner; no data moves)."""
+    from ray.experimental import get_object_locations
+
+    return int(get_object_locations([ref])[ref]["object_size"])
+
+
+def live_bound(staleness: StalenessConfig) -> int:
+    """Most weight versions the controller may hold: k + 2 (k_max + 2 when adaptive).
+
+    A pending step s was launched with a version >= s - k and the oldest pending step is the
+    next one to train, so versions latest - k .. latest are live: k + 1; one more of slack.
+    """
+    return (staleness.k_max if staleness.policy == "adaptive" else staleness.k) + 2
+
+
 class WeightStore:
-    """Versioned ObjectRefs held by the driver; dropping a ref lets Ray free the version."""
+    """Versioned ObjectRefs held by the driver; dropping a ref lets Ray free the version.
+
+    It also keeps each version's size in the object store, so a run reports the bytes its
+    live versions pin (`bytes_live`) and their peak, and `check_bound` turns a version
+    that is never released (which would fill the object store) into an error.
+    """
 
     def __init__(self) -> None:
         self._refs: dict[int, Any] = {}
+        self._nbytes: dict[int, int] = {}
         self.released = 0
+        self.peak_live = 0
+        self.peak_bytes = 0
 
-    def publish(self, version: int, ref: Any) -> None:
+    def publish(self, version: int, ref: Any, nbytes: int | None = None) -> None:
+        """Hold `ref` as `version`; `nbytes` defaults to the object's size in the store."""
         self._refs[version] = ref
+        self._nbytes[version] = object_nbytes(ref) if nbytes is None else int(nbytes)
+        self.peak_live = max(self.peak_live, len(self._refs))
+        self.peak_bytes = max(self.peak_bytes, self.bytes_live())
 
     @property
     def latest(self) -> int:
@@ -97,7 +128,22 @@ class WeightStore:
         """Forget every version older than `version` (the oldest one still needed)."""
         for v in [v for v in self._refs if v < version]:
             del self._refs[v]
+            del self._nbytes[v]
             self.released += 1
 
     def live_versions(self) -> list[int]:
         return sorted(self._refs)
+
+    def bytes_live(self) -> int:
+        """Object-store bytes of the versions held (each version's packed size)."""
+        return sum(self._nbytes.values())
+
+    def check_bound(self, max_versions: int) -> None:
+        """Raise if more than `max_versions` versions are held (see `live_bound`)."""
+        if len(self._refs) > max_versions:
+            raise RuntimeError(
+                f"{len(self._refs)} weight versions are held ({self.live_versions()}, "
+                f"{self.bytes_live() / 2**20:.1f} MiB in the object store) but at most "
+                f"{max_versions} may be live at this staleness bound: a version is not being "
+                "released (WeightStore.release_below), and the object store would fill"
+            )

@@ -94,6 +94,8 @@ def table(results, title: str):
               help="Multiply every response length (and its cap).")  # fmt: skip
 @click.option("--learner-speedup", type=float, default=1.0, show_default=True,
               help="Divide the learner's time per token (a faster trainer).")  # fmt: skip
+@click.option("--scorer-speedup", type=float, default=1.0, show_default=True,
+              help="Divide the rescorer's and teacher's time per token (GPU prefill).")  # fmt: skip
 @click.option("--tail", default="empirical", show_default=True,
               help="Response lengths: 'empirical' (the run's) or 'pareto:ALPHA[:CAP]'.")  # fmt: skip
 @click.option("--cores", type=float, default=None,
@@ -111,6 +113,7 @@ def simulate(
     batch: int | None,
     response_length_scale: float,
     learner_speedup: float,
+    scorer_speedup: float,
     tail: str,
     cores: float | None,
     steps: int,
@@ -138,6 +141,7 @@ def simulate(
         prompts_per_step=batch,
         response_length_scale=response_length_scale,
         learner_speedup=learner_speedup,
+        scorer_speedup=scorer_speedup,
         tail=tail,
         cores=cores,
     ).validate()
@@ -154,7 +158,8 @@ def simulate(
             results,
             f"opdflow simulate {run_dir}: {prompts} prompts x {times.responses_per_prompt} "
             f"responses/step, length x{response_length_scale:g} ({tail}), learner "
-            f"x{learner_speedup:g}, {f'{cores:g} shared cores' if cores else 'a cluster'}, "
+            f"x{learner_speedup:g}, scorers x{scorer_speedup:g}, "
+            f"{f'{cores:g} shared cores' if cores else 'a cluster'}, "
             f"{steps} steps x {replicates} seeds",
         )
     )

@@ -45,9 +45,20 @@ def test_every_step_trained_once_within_the_staleness_bound(runs, k):
 
 
 @pytest.mark.parametrize("k", [0, 2])
-def test_old_weight_versions_are_released(runs, k):
-    _, metrics, _ = runs[k]
+def test_old_weight_versions_are_released(runs, k, tiny):
+    from opdflow.models import load_model
+    from opdflow.weights import pack
+
+    summary, metrics, _ = runs[k]
     assert max(r["live_weight_versions"] for r in metrics) <= k + 2
+    # bytes per live version: Ray's object size of one packed version (its buffer plus a
+    # pickled manifest of a few KB), never more, never a version counted without its bytes
+    version_bytes = pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0).nbytes
+    for r in metrics:
+        n = r["live_weight_versions"]
+        assert n * version_bytes <= r["weight_bytes_live"] <= n * (version_bytes + 2**16), r
+    assert summary["weight_bytes_live_max"] == max(r["weight_bytes_live"] for r in metrics)
+    assert summary["live_weight_versions_max"] <= k + 2
 
 
 def test_rescorer_reproduces_the_learner_up_to_bf16_rounding(runs):

@@ -40,7 +40,7 @@ def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_loc
 
     def on_step(row):
         if row["step"] % 25 == 24:
-            referenced[row["step"]] = _referenced_bytes()
+            referenced[row["step"]] = (_referenced_bytes(), row["weight_bytes_live"])
 
     run = RunDir.create(cfg, tmp_path / "run")
     run_pipeline(cfg, run, on_step=on_step)
@@ -51,4 +51,9 @@ def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_loc
     # at most the live versions, one more borrowed by a queued generation task and one by
     # the evaluator (a sample at step 99 meets the held-out evaluation of version 100), and
     # small batches: flat. A leak of one version per step would be ~200 versions by the end.
-    assert max(referenced.values()) <= (k + 4) * version_bytes + 1e6, referenced
+    assert max(used for used, _ in referenced.values()) <= (k + 4) * version_bytes + 1e6, referenced
+    # what the store accounts for is what Ray holds: its live versions, plus at most the two
+    # borrowed ones and small batches
+    for used, live in referenced.values():
+        assert live <= (k + 2) * (version_bytes + 2**16)
+        assert used <= live + 2 * version_bytes + 1e6, referenced

@@ -53,6 +53,13 @@ def test_synchronous_step_period_is_generation_plus_training():
     assert r.mean_staleness == 0
 
 
+def test_scorer_speedup_divides_rescoring_and_teacher_time():
+    times = StageTimes.constant(gen_s=1.0, train_s=0.5, rescore_s=0.4, teacher_s=0.4)
+    assert _period(simulate(times, SimConfig(k=0, steps=30))) == pytest.approx(2.3)
+    fast = simulate(times, SimConfig(k=0, steps=30, scorer_speedup=4.0))
+    assert _period(fast) == pytest.approx(1.0 + 0.1 + 0.1 + 0.5)
+
+
 @pytest.mark.parametrize(("g", "t"), [(1.0, 0.5), (0.5, 1.0), (1.0, 1.0)])
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_async_step_period_is_the_slower_stage(g, t, k):
@@ -115,8 +122,10 @@ def test_longer_responses_slow_the_synchronous_step():
     short = simulate(times, SimConfig(k=0, steps=60))
     long = simulate(times, SimConfig(k=0, steps=60, response_length_scale=2.0))
     fast_learner = simulate(times, SimConfig(k=0, steps=60, learner_speedup=4.0))
+    fast_scorers = simulate(times, SimConfig(k=0, steps=60, scorer_speedup=4.0))
     assert long.updates_per_hour < 0.8 * short.updates_per_hour
     assert fast_learner.updates_per_hour > short.updates_per_hour
+    assert fast_scorers.updates_per_hour > short.updates_per_hour
 
 
 def test_a_heavy_tail_keeps_the_mean_and_makes_chunks_wait_for_their_longest():
@@ -159,3 +168,5 @@ def test_bad_configurations_name_the_field():
         SimConfig(generators=0).validate()
     with pytest.raises(ConfigError, match="learner_speedup"):
         SimConfig(learner_speedup=0).validate()
+    with pytest.raises(ConfigError, match="scorer_speedup"):
+        SimConfig(scorer_speedup=0).validate()

@@ -1,0 +1,119 @@
+"""The paper's setups on GPUs: 1.5B and 7B students on DAPO-Math-17k with vLLM rollouts.
+
+    opdflow validate pipelines/dapo_math.py:student_7b --cluster 2x4:72
+    OPDFLOW_MODELS=/ckpt OPDFLOW_DATA=/data opdflow submit pipelines/dapo_math.py:student_7b ...
+
+As ../shared/PAPER.md states them: students DeepSeek-R1-Distill-Qwen-7B and -1.5B, each
+taught by an RL-fine-tuned version of itself; 200 steps of 8 problems x 8 responses at
+temperature 1, up to 16,384 tokens per response, learning rate 1e-6; the standard run is
+synchronous BF16 (k = 0); held-out KL on 530 problems (AIME24 + MATH-500); two nodes of
+four GPUs (the paper's GH200s).
+
+Nothing is downloaded. Checkpoints are local Hugging Face directories under
+$OPDFLOW_MODELS (default ./models), prompts local parquet files under $OPDFLOW_DATA
+(default ./data); any path can be set instead with --set models.student=... /
+data.train=.... The paper's teachers are not published: put yours at the teacher path.
+`opdflow validate` checks the config only (as for every pipeline); the paths are checked
+when `opdflow run` starts, each error naming the field. The numbers the paper does not
+give are marked "assumed".
+"""
+
+import os
+
+from opdflow.config import (
+    DataConfig,
+    EngineConfig,
+    EvalConfig,
+    ModelsConfig,
+    PipelineConfig,
+    PlacementConfig,
+    ReliabilityConfig,
+    ResourcesConfig,
+    StageResources,
+    StalenessConfig,
+    TrainConfig,
+)
+
+
+def _dirs() -> tuple[str, str]:
+    return os.environ.get("OPDFLOW_MODELS", "models"), os.environ.get("OPDFLOW_DATA", "data")
+
+
+def _paper(name: str, student: str, resources: ResourcesConfig) -> PipelineConfig:
+    models, data = _dirs()
+    return PipelineConfig(
+        name=name,
+        models=ModelsConfig(student=f"{models}/{student}", teacher=f"{models}/{student}-RL"),
+        data=DataConfig(
+            train=f"{data}/dapo-math-17k.parquet",  # DAPO's schema: chat-message prompts
+            heldout=f"{data}/aime24-math500.parquet",  # 530 rows, a `prompt` column
+            prompts_per_step=8,
+            responses_per_prompt=8,
+            max_prompt_tokens=2048,  # assumed: DAPO prompts are a few hundred tokens
+        ),
+        engine=EngineConfig(kind="vllm", recipe="bf16", replicas=4, max_new_tokens=16384),
+        train=TrainConfig(steps=200, lr=1e-6),
+        staleness=StalenessConfig(policy="fixed", k=0),
+        eval=EvalConfig(every=50, prompts=530, samples_per_prompt=1),  # every, samples: assumed
+        resources=resources,
+        reliability=ReliabilityConfig(
+            checkpoint_every=20,
+            stage_timeout_s=3600.0,  # one 16k-token batch takes minutes
+            startup_timeout_s=1800.0,  # 7B checkpoints load and vLLM starts
+        ),
+    )
+
+
+def student_7b() -> PipelineConfig:
+    """7B student, synchronous BF16 (the standard run). One node: learner, rescorer,
+    teacher and evaluator, a GPU each (STRICT_PACK); the other: 4 vLLM replicas."""
+    return _paper(
+        "dapo-7b",
+        "DeepSeek-R1-Distill-Qwen-7B",
+        ResourcesConfig(
+            generator=StageResources(num_cpus=8, num_gpus=1),
+            learner=StageResources(num_cpus=16, num_gpus=1, torch_threads=16),
+            rescorer=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
+            teacher=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
+            evaluator=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
+            placement=PlacementConfig(
+                groups=[["learner", "rescorer", "teacher", "evaluator"], ["generator"]],
+                strategy="STRICT_PACK",
+            ),
+        ),
+    )
+
+
+def student_7b_async() -> PipelineConfig:
+    """The 7B run with weights up to 4 versions stale (the paper: 1.62x the standard's
+    throughput, held-out KL within 3%)."""
+    cfg = student_7b()
+    cfg.name = "dapo-7b-k4"
+    cfg.staleness.k = 4
+    return cfg
+
+
+def student_1p5b() -> PipelineConfig:
+    """1.5B student, synchronous BF16. Smaller models share: rescorer and teacher half a GPU
+    each; learner and evaluator a GPU each; 5 vLLM replicas fill the other 5 GPUs."""
+    cfg = _paper(
+        "dapo-1p5b",
+        "DeepSeek-R1-Distill-Qwen-1.5B",
+        ResourcesConfig(
+            generator=StageResources(num_cpus=8, num_gpus=1),
+            learner=StageResources(num_cpus=16, num_gpus=1, torch_threads=16),
+            rescorer=StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4),
+            teacher=StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4),
+            evaluator=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
+            placement=PlacementConfig(
+                groups=[["learner", "rescorer", "teacher", "evaluator"]], strategy="STRICT_PACK"
+            ),
+        ),
+    )
+    cfg.engine.replicas = 5
+    return cfg
+
+
+def pipeline() -> PipelineConfig:
+    """The default: the 7B standard run."""
+    return student_7b()

@@ -1,0 +1,90 @@
+"""The paper's GPU pipelines (pipelines/dapo_math.py): they validate, follow PAPER.md, and
+fit two nodes of four GPUs; a pipeline that asks for more, or for GPU shares that do not
+tile a GPU, is refused with the field named."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from opdflow.config import ConfigError, load_pipeline, pipeline_functions
+from opdflow.placement import fit, parse_cluster
+
+FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"
+SPECS = [f"{FILE}:{name}" for name in pipeline_functions(FILE)]
+PAPER_CLUSTER = "2x4:72"  # two nodes of four GH200 (72 cores each)
+
+
+def test_the_file_has_both_students():
+    assert {"student_7b", "student_1p5b", "student_7b_async"} <= set(pipeline_functions(FILE))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.split(":")[-1])
+def test_each_follows_the_paper_and_fits_two_nodes_of_four_gpus(spec):
+    cfg = load_pipeline(spec)
+    assert cfg.engine.kind == "vllm" and cfg.engine.recipe == "bf16"
+    assert (cfg.data.prompts_per_step, cfg.data.responses_per_prompt) == (8, 8)
+    assert cfg.engine.max_new_tokens == 16384 and cfg.engine.temperature == 1.0
+    assert (cfg.train.lr, cfg.train.steps, cfg.eval.prompts) == (1e-6, 200, 530)
+    assert cfg.models.student.endswith(("DeepSeek-R1-Distill-Qwen-7B", "-1.5B"))
+    assert cfg.data.train.endswith("dapo-math-17k.parquet")
+    where = fit(cfg, parse_cluster(PAPER_CLUSTER))
+    assert len(where) == 4 + cfg.engine.replicas  # every actor placed
+    assert len({where[s] for s in ("learner", "rescorer", "teacher", "evaluator")}) == 1
+    gpus = sum(
+        getattr(cfg.resources, a.split("[")[0]).num_gpus for a in where
+    )  # all eight GPUs used, none oversubscribed
+    assert gpus == 8
+    with pytest.raises(ConfigError, match=r"no node has it left|needs"):
+        fit(cfg, parse_cluster("1x4:72"))  # half the cluster
+    with pytest.raises(ConfigError, match="CPU"):
+        fit(cfg, parse_cluster("2x4:16"))  # too few CPUs per node
+
+
+def test_paths_come_from_the_environment_and_validate_does_not_need_them(monkeypatch):
+    monkeypatch.setenv("OPDFLOW_MODELS", "/nowhere/models")
+    monkeypatch.setenv("OPDFLOW_DATA", "/nowhere/data")
+    cfg = load_pipeline(f"{FILE}:student_1p5b", ["staleness.k=4"])
+    assert cfg.models.student == "/nowhere/models/DeepSeek-R1-Distill-Qwen-1.5B"
+    assert cfg.models.teacher == "/nowhere/models/DeepSeek-R1-Distill-Qwen-1.5B-RL"
+    assert cfg.data.heldout == "/nowhere/data/aime24-math500.parquet"
+    assert cfg.staleness.k == 4
+
+    from opdflow.cli import main
+
+    res = CliRunner().invoke(main, ["validate", f"{FILE}:student_7b", "--cluster", PAPER_CLUSTER])
+    assert res.exit_code == 0, res.output
+    assert "fits 2x4:72" in res.output and "node 1: generator[0]" in res.output
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["resources.teacher.num_gpus=0.3"], r"resources.teacher.num_gpus = 0.3 does not divide"),
+        (["resources.learner.num_gpus=1.5"], r"resources.learner.num_gpus = 1.5: above 1"),
+        (["resources.generator.num_gpus=2"], r"engine.kind='vllm'.*takes 1 GPU"),
+        (
+            ["resources.learner.num_gpus=2"],
+            r"learner\+rescorer\+teacher\+evaluator \(STRICT_PACK\)",
+        ),
+        (["engine.replicas=5"], r"generator\[4\] of generator \(STRICT_PACK\)|generator \(STRICT"),
+        (["engine.max_replicas=6", "resources.placement.groups=[]"], r"generator\[\d\]"),
+    ],
+)
+def test_asking_for_more_than_the_cluster_or_uneven_gpu_shares_is_refused(overrides, match):
+    cfg = load_pipeline(f"{FILE}:student_7b", overrides)
+    with pytest.raises(ConfigError, match=match):
+        fit(cfg, parse_cluster(PAPER_CLUSTER))
+
+
+def test_fractional_shares_that_tile_a_gpu_pack_onto_it():
+    cfg = load_pipeline(f"{FILE}:student_1p5b")
+    assert cfg.resources.rescorer.num_gpus == cfg.resources.teacher.num_gpus == 0.5
+    where = fit(cfg, parse_cluster(PAPER_CLUSTER))
+    assert where["rescorer"] == where["teacher"] == where["learner"]
+
+
+@pytest.mark.parametrize("spec", ["4", "2x", "0x4", "2x4:0", "axb"])
+def test_a_bad_cluster_spec_says_the_format(spec):
+    with pytest.raises(ConfigError, match="NODESxGPUS"):
+        parse_cluster(spec)
