@@ -116,6 +116,9 @@ class TaskSpec:
 
     digits: int = 3
     """Digits per operand (zero-padded), e.g. 3 gives "Q:123+045="."""
+    worked: bool = False
+    """Responses write out every column (digits, carry in, two-digit sum) before the answer,
+    about 30 tokens at 3 digits (engine.max_new_tokens >= 32); False: the bare answer."""
     num_train: int = 20000
     """Training prompts written to the cached parquet."""
     num_heldout: int = 256
@@ -211,7 +214,10 @@ class TrainConfig:
     steps: int = 40
     """Learner steps (weight versions produced)."""
     lr: float = 1e-4
-    """AdamW learning rate."""
+    """AdamW learning rate (after warm-up)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many steps (0 = none): AdamW's first updates
+    move every weight by about lr whatever its gradient, which knocks a student off course."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = 1.0
@@ -241,6 +247,7 @@ class TrainConfig:
         _one_of(f"{path}.advantage_from", self.advantage_from, ("learner", "engine"))
         _nonnegative(f"{path}.is_clip", self.is_clip)
         _nonnegative(f"{path}.max_bad_steps", self.max_bad_steps)
+        _nonnegative(f"{path}.warmup_steps", self.warmup_steps)
         _in_range(f"{path}.logit_chunk_tokens", self.logit_chunk_tokens, 1, 2**31 - 1)
 
 

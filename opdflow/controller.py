@@ -81,6 +81,44 @@ class StepClock:
         return step_s, uph, now - self.t_start
 
 
+NO_HELDOUT = {"heldout_version": -1, "heldout_kl": float("nan"), "heldout_accuracy": float("nan")}
+
+
+@dataclass
+class RowQueue:
+    """Metrics rows held back until the held-out evaluation they carry has finished.
+
+    Row s carries the evaluation of version s + 1 (the weights step s produced); row 0 also
+    carries version 0's when version 1 is not evaluated (at eval.every = 1 version 0 is in
+    heldout.parquet only). Rows leave in step order, so every sink sees each evaluation at
+    its step and steps stay monotonic.
+    """
+
+    evaluated: Callable[[int], bool]
+    """Whether a version is (or will be) evaluated in this run."""
+    emit: Callable[[dict], None]
+    first: int = 0
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    results: dict[int, dict] = dataclasses.field(default_factory=dict)
+
+    def version_of(self, step: int) -> int | None:
+        if self.evaluated(step + 1):
+            return step + 1
+        return 0 if step == 0 == self.first else None
+
+    def push(self, row: dict | None, results: dict[int, dict]) -> None:
+        """Add a row (None: only results) and the evaluations just collected; emit what's ready."""
+        self.results.update(results)
+        if row is not None:
+            self.rows.append(row)
+        while self.rows:
+            v = self.version_of(self.rows[0]["step"])
+            if v is not None and v not in self.results:
+                return
+            row = self.rows.pop(0)
+            self.emit({**row, **(NO_HELDOUT if v is None else self.results.pop(v))})
+
+
 def run_pipeline(
     cfg: PipelineConfig,
     run: RunDir,
@@ -126,6 +164,16 @@ def run_pipeline(
             st.evaluate(0)
         launch_ready()
         prof = st.profiler(run)  # the run clock starts here
+
+        def evaluated(version: int) -> bool:
+            return version == 0 or version % cfg.eval.every == 0 or version == steps
+
+        def emit(row: dict) -> None:
+            prof.on_step(row)
+            trackers.log_metrics(row["step"], row)
+            on_step(row)
+
+        rows = RowQueue(evaluated, emit, first)
         clock = StepClock(first, cfg.warmup_steps)
 
         def on_timeout(stage: str, action: str) -> None:
@@ -161,7 +209,7 @@ def run_pipeline(
                 launch_ready()
                 store.release_below(min([p.version for p in pending.values()] + [store.latest]))
                 store.check_bound(max_live)  # a leaked version would fill the object store
-                if (step + 1) % cfg.eval.every == 0 or step + 1 == steps:
+                if evaluated(step + 1):
                     st.evaluate(step + 1)
                 row = {
                     "step": step, "version": job.version, "staleness": staleness, "k": policy.k,
@@ -170,18 +218,15 @@ def run_pipeline(
                     "live_weight_versions": len(store.live_versions()),
                     "weight_bytes_live": store.bytes_live(),
                     "generator_replicas": st.pool.status()["ready"],
-                    **st.collect_evals(run, wait=False),
                 }  # fmt: skip
-                prof.on_step(row)
-                trackers.log_metrics(step, row)
-                on_step(row)
+                rows.push(row, st.collect_evals(run, wait=False))
                 if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
-                    st.collect_evals(run, wait=True)
+                    rows.push(None, st.collect_evals(run, wait=True))
                     st.checkpoint(run, step + 1, {"dropped": dropped})
                     if stop.requested:
                         raise StopRequested(f"stopped after step {step} (checkpoint written); "
                                             f"resume with --resume {run.path}")  # fmt: skip
-        st.collect_evals(run, wait=True)
+        rows.push(None, st.collect_evals(run, wait=True))
         prof.finish(run)
         st.checkpoint(run, steps, {"dropped": dropped})
         summary = summarize(run, ray.get(st.learner.record.remote()), dropped)

@@ -32,12 +32,20 @@ def k3(logp_q: np.ndarray, logp_p: np.ndarray, mask: np.ndarray) -> float:
 
 
 def exact_kl_per_token(logdist_q: np.ndarray, logdist_p: np.ndarray) -> np.ndarray:
-    """KL(q || p) = sum_v q(v) (log q(v) - log p(v)) over the last axis."""
-    q = np.asarray(logdist_q, np.float64)
-    p = np.asarray(logdist_p, np.float64)
+    """KL(q || p) = sum_v q(v) (log q(v) - log p(v)) over the last axis.
+
+    Both are renormalised in float64 first (float32 log-softmax sums to 1 only to ~1e-7), and
+    the float64 rounding left is clipped, so identical distributions give 0, never -1e-9."""
+
+    def renorm(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.float64)
+        top = np.max(x, axis=-1, keepdims=True)
+        return x - (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))
+
+    q, p = renorm(logdist_q), renorm(logdist_p)
     prob_q = np.exp(q)
     diff = np.where(prob_q > 0, q - p, 0.0)
-    return (prob_q * diff).sum(axis=-1)
+    return np.maximum((prob_q * diff).sum(axis=-1), 0.0)
 
 
 def exact_kl(logdist_q: np.ndarray, logdist_p: np.ndarray, mask: np.ndarray) -> float:

@@ -142,12 +142,56 @@ def resolve_models(cfg: PipelineConfig, log=print) -> ResolvedModels:
     return ResolvedModels(student, teacher, tokenizer, train, heldout)
 
 
+BF16_COMPUTE_ENV = "OPDFLOW_BF16_COMPUTE"
+"""Override of where BF16 stages compute: "auto" (default), "bfloat16" or "float32"."""
+
+
+def native_bf16(device: str = "cpu") -> bool:
+    """Whether this device multiplies bfloat16 natively (CUDA with bf16, CPUs with AVX512/AMX).
+
+    Without it (e.g. AVX2-only CPUs) torch emulates bf16 matmuls, tens of times slower than
+    float32, so BF16 stages there compute in float32 on bf16-rounded weights."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def bf16_compute_dtype(device: str = "cpu"):
+    """The dtype "bfloat16" stages compute in: bfloat16 where native, else float32.
+
+    Either way their weights are rounded to bfloat16, so a "bf16" model holds the same values
+    everywhere; only activations (and the KV cache) are wider on CPUs without native bf16.
+    $OPDFLOW_BF16_COMPUTE=bfloat16|float32 forces one."""
+    import os
+
+    import torch
+
+    choice = os.environ.get(BF16_COMPUTE_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "bfloat16", "float32"):
+        raise ConfigError(
+            f"${BF16_COMPUTE_ENV} = {choice!r} is not allowed: expected auto, bfloat16 or float32"
+        )
+    if choice == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    return getattr(torch, choice)
+
+
 def load_model(path: str, dtype: str = "bfloat16", device: str = "cpu"):
-    """A causal LM in eval mode from a local directory."""
+    """A causal LM in eval mode from a local directory.
+
+    dtype "bfloat16" means BF16 weights computed in bf16_compute_dtype(device); "float32" is
+    plain float32 (the learner's master weights)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=getattr(torch, dtype), local_files_only=True
     )
+    if dtype == "bfloat16":
+        model = model.to(bf16_compute_dtype(device))  # exact: bf16 values fit in float32
     return model.to(device).eval()

@@ -1,7 +1,11 @@
 """The synthetic task: zero-padded addition written as text, with checkable answers.
 
-"Q:123+045=" -> "168". Small enough for a 3-layer model to learn in minutes on a CPU,
-hard enough that an early checkpoint is a clearly weaker student than a late one.
+Worked (the default): "Q:123+459=" -> "3+9+0=12,2+5+1=08,1+4+0=05:582", each column's
+digits, carry in and two-digit sum from the right, then the answer after ":". Responses
+are about 30 tokens, so a wrong carry early shifts every later prefix (the regime where
+rollout mismatch compounds); plain: "Q:123+045=" -> "168". Small enough for a 3-layer
+model to learn in a minute on a CPU, hard enough that an early checkpoint is a clearly
+weaker student than a late one.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ import numpy as np
 ALPHABET = "0123456789+=Q:"
 
 
+def alphabet(worked: bool) -> str:
+    """The task's characters (worked solutions add the column separator ",")."""
+    return ALPHABET + "," if worked else ALPHABET
+
+
 def make_problems(n: int, digits: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
     """n random problems: prompts "Q:aaa+bbb=" and answers (the sum, no padding)."""
     hi = 10**digits
@@ -21,6 +30,28 @@ def make_problems(n: int, digits: int, rng: np.random.Generator) -> tuple[list[s
     prompts = [f"Q:{x:0{digits}d}+{y:0{digits}d}=" for x, y in zip(a, b)]
     answers = [str(int(x) + int(y)) for x, y in zip(a, b)]
     return prompts, answers
+
+
+def worked_solution(prompt: str) -> str:
+    """The worked response to "Q:aaa+bbb=": per column from the right "x+y+carry=ss", then ":sum"."""
+    x, y = prompt.removeprefix("Q:").removesuffix("=").split("+")
+    columns, carry = [], 0
+    for dx, dy in zip(reversed(x), reversed(y)):
+        s = int(dx) + int(dy) + carry
+        columns.append(f"{dx}+{dy}+{carry}={s:02d}")
+        carry = s // 10
+    return ",".join(columns) + ":" + str(int(x) + int(y))
+
+
+def target_text(prompt: str, answer: str, worked: bool) -> str:
+    """The supervised response of a problem: the worked solution, or the bare answer."""
+    return worked_solution(prompt) if worked else answer
+
+
+def response_tokens(digits: int, worked: bool) -> int:
+    """Longest response in tokens (characters), EOS included."""
+    answer = digits + 1
+    return (9 * digits + answer if worked else answer) + 1
 
 
 def split_problems(
@@ -55,9 +86,14 @@ def write_parquet(path: Path, prompts: list[str], answers: list[str]) -> None:
     pq.write_table(pa.table({"prompt": prompts, "answer": answers}), path)
 
 
+def final_answer(response: str) -> str:
+    """What a response answers: the text after its last ":" (worked), else all of it."""
+    return response.rsplit(":", 1)[-1].strip()
+
+
 def is_correct(response: str, answer: str | None) -> bool:
-    """Exact match of the response (whitespace stripped) with the reference answer."""
-    return answer is not None and response.strip() == str(answer).strip()
+    """Exact match of the response's final answer with the reference answer."""
+    return answer is not None and final_answer(response) == str(answer).strip()
 
 
 def correctness(batch, tok) -> np.ndarray:

@@ -23,6 +23,9 @@ from pathlib import Path
 from opdflow.config import TaskSpec, TinyModelSpec
 
 ZOO_FORMAT = 2  # bump when the build procedure changes
+BUILD_THREADS = 2
+"""Fixed, not the machine's core count: float reductions then run in the same order
+everywhere, so every machine builds the same models from the same recipe."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,12 @@ def model_config(spec: TinyModelSpec, vocab_size: int, pad_id: int, eos_id: int)
     return Qwen2Config(**common)
 
 
-def _encode(tok, prompts: list[str], answers: list[str]):
-    """Right-padded prompt+answer+EOS ids and a loss mask on answer and EOS tokens."""
+def _encode(tok, prompts: list[str], targets: list[str]):
+    """Right-padded prompt+target+EOS ids and a loss mask on target and EOS tokens."""
     import torch
 
     rows, masks = [], []
-    for p, a in zip(prompts, answers):
+    for p, a in zip(prompts, targets):
         p_ids = tok(p, add_special_tokens=False)["input_ids"]
         a_ids = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         rows.append(p_ids + a_ids)
@@ -95,7 +98,7 @@ def _encode(tok, prompts: list[str], answers: list[str]):
     return ids, loss_mask
 
 
-def greedy_accuracy(model, tok, prompts: list[str], answers: list[str], max_new: int = 6) -> float:
+def greedy_accuracy(model, tok, prompts: list[str], answers: list[str], max_new: int) -> float:
     """Exact-match accuracy of greedy answers (a quick build-time check)."""
     import torch
 
@@ -123,9 +126,13 @@ def greedy_accuracy(model, tok, prompts: list[str], answers: list[str], max_new:
     return sum(is_correct(t, a) for t, a in zip(texts, answers)) / len(answers)
 
 
-def _train(spec: TinyModelSpec, tok, prompts, answers, held, tmp: Path, log) -> dict:
+def _train(
+    spec: TinyModelSpec, task: TaskSpec, tok, prompts, answers, held, tmp: Path, log
+) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
+
+    from opdflow.task import response_tokens, target_text
 
     torch.manual_seed(spec.seed)
     cfg = model_config(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
@@ -135,7 +142,10 @@ def _train(spec: TinyModelSpec, tok, prompts, answers, held, tmp: Path, log) -> 
             raise ValueError("key_bias_layer0 needs the qwen2 architecture (it has a k_proj bias)")
         with torch.no_grad():
             model.model.layers[0].self_attn.k_proj.bias.add_(spec.key_bias_layer0)
-    ids, loss_mask = _encode(tok, prompts, answers)
+    ids, loss_mask = _encode(
+        tok, prompts, [target_text(p, a, task.worked) for p, a in zip(prompts, answers)]
+    )
+    max_new = response_tokens(task.digits, task.worked)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(spec.seed)
     info: dict = {}
@@ -161,7 +171,7 @@ def _train(spec: TinyModelSpec, tok, prompts, answers, held, tmp: Path, log) -> 
             log(f"tiny models: step {step}/{spec.teacher_steps} loss {loss.item():.3f}")
         if "student" not in info and step % 25 == 0:
             model.eval()
-            acc = greedy_accuracy(model, tok, *held)
+            acc = greedy_accuracy(model, tok, *held, max_new)
             model.train()
             if acc >= spec.student_accuracy:
                 model.save_pretrained(tmp / "student", safe_serialization=True)
@@ -173,7 +183,7 @@ def _train(spec: TinyModelSpec, tok, prompts, answers, held, tmp: Path, log) -> 
             f"{spec.teacher_steps} steps; raise models.tiny.teacher_steps or lower student_accuracy"
         )
     model.eval()
-    acc = greedy_accuracy(model, tok, *held)
+    acc = greedy_accuracy(model, tok, *held, max_new)
     model.save_pretrained(tmp / "teacher", safe_serialization=True)
     info["teacher"] = {"step": spec.teacher_steps, "heldout_accuracy": acc}
     log(f"tiny models: teacher = step {spec.teacher_steps}, held-out greedy accuracy {acc:.1%}")
@@ -207,23 +217,23 @@ def ensure_tiny(
 def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
     import torch
 
-    from opdflow.task import ALPHABET, split_problems, write_parquet
+    from opdflow.task import alphabet, split_problems, write_parquet
     from opdflow.tokenizer import build_char_tokenizer
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(BUILD_THREADS)
     try:
         t0 = time.perf_counter()
         log(f"tiny models: building {root.name} (cached in {root.parent})")
-        tok = build_char_tokenizer(ALPHABET, tmp / "tokenizer")
+        tok = build_char_tokenizer(alphabet(task_spec.worked), tmp / "tokenizer")
         train, held = split_problems(
             task_spec.num_train, task_spec.num_heldout, task_spec.digits, model_spec.seed
         )
         write_parquet(tmp / "train.parquet", *train)
         write_parquet(tmp / "heldout.parquet", *held)
-        info = _train(model_spec, tok, *train, held, tmp, log)
+        info = _train(model_spec, task_spec, tok, *train, held, tmp, log)
         info["build_seconds"] = time.perf_counter() - t0
         info["model"] = dataclasses.asdict(model_spec)
         info["task"] = dataclasses.asdict(task_spec)

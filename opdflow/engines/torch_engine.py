@@ -1,8 +1,9 @@
 """TorchEngine: batched sampling with a KV cache on a transformers causal LM.
 
-The embedded default rollout engine: runs in bfloat16 on CPU here and unchanged on a
-GPU. It reports the log-probability of each sampled token under the distribution it
-actually sampled from (temperature and top-p applied), and on request the whole
+The embedded default rollout engine: BF16 weights, computed in bfloat16 where the device
+has native bf16 (GPUs, AVX512/AMX CPUs) and in float32 elsewhere (models.bf16_compute_dtype).
+It reports the log-probability of each sampled token under the distribution it actually
+sampled from (temperature and top-p applied), and on request the whole
 next-token log-distribution so mismatch can be measured exactly on small vocabularies.
 Precision recipes act through weight transforms, hooks and the KV cache it builds.
 """
@@ -43,13 +44,13 @@ class TorchEngine:
         pad_id: int,
         eos_id: int,
         recipe: str | Recipe = "bf16",
-        dtype: torch.dtype = torch.bfloat16,
         device: str = "cpu",
     ):
-        from transformers import AutoModelForCausalLM
+        from opdflow.models import load_model
 
         self.recipe = parse_recipe(recipe) if isinstance(recipe, str) else recipe
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.model = load_model(model_path, "bfloat16", device)
+        self.compute_dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         self.pad_id, self.eos_id, self.device = pad_id, eos_id, device
         self.version = 0
         # transformers 5.2x renamed the forward's `past_key_values` to `cache`

@@ -274,16 +274,12 @@ class Stages:
             c.seed,
         )
 
-    def collect_evals(self, run: RunDir, wait: bool) -> dict[str, Any]:
-        """Record finished evaluations; returns the newest one's numbers for the metrics row."""
-        latest: dict[str, Any] = {
-            "heldout_version": -1,
-            "heldout_kl": float("nan"),
-            "heldout_accuracy": float("nan"),
-        }
+    def collect_evals(self, run: RunDir, wait: bool) -> dict[int, dict[str, Any]]:
+        """Record finished evaluations in heldout.parquet; returns their numbers by version."""
+        done: dict[int, dict[str, Any]] = {}
         refs = list(self.evals.values())
         if not refs:
-            return latest
+            return done
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
         for version in sorted(v for v, ref in self.evals.items() if ref in ready):
             try:
@@ -307,12 +303,12 @@ class Stages:
                     )
                 ]
             )
-            latest = {
+            done[version] = {
                 "heldout_version": version,
                 "heldout_kl": res["kl"],
                 "heldout_accuracy": res["accuracy"],
             }
-        return latest
+        return done
 
     def profiler(self, run: RunDir) -> Profiler:
         """The run's profiler over every actor (its clock starts now)."""

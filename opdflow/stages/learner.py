@@ -129,6 +129,10 @@ class Learner(StageActor):
         if skipped:
             self.bad_steps += 1
         else:
+            for group in self.opt.param_groups:  # warm-up is a function of the step: resumable
+                group["lr"] = self.train_cfg["lr"] * min(
+                    1.0, (step + 1) / max(self.train_cfg["warmup_steps"], 1)
+                )
             grad_norm = self._update(loss)
         self.version = step + 1
         self.trained_steps.append((step, batch.version))

@@ -81,6 +81,10 @@ def test_run_directory_contents(runs):
     heldout = read_table(run.path / "heldout.parquet")
     assert {r["version"] for r in heldout} == {0, 30}
     assert len(heldout) == 2 * 64
+    # every evaluation is on a metrics row (so in every tracker): version v on row v - 1
+    on_rows = {r["heldout_version"]: r["step"] for r in metrics if r["heldout_version"] >= 0}
+    assert on_rows == {0: 0, 30: 29}
+    assert all(math.isfinite(metrics[s]["heldout_kl"]) for s in on_rows.values())
     row = metrics[-1]
     for key in (
         "trainer_wait_s",

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from opdflow.config import ConfigError
 from opdflow.data import load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine, sampling_logdist
 from opdflow.mismatch import engine_mismatch, exact_kl_per_token
-from opdflow.models import load_model
+from opdflow.models import load_model, native_bf16
 from opdflow.scoring import token_logprobs
 
 
@@ -89,3 +90,17 @@ def test_loading_other_weights_changes_the_samples(tiny, tokenizer, prompts):
     after = eng.generate(_request(prompts, params, n=1))
     assert eng.version == 3 and after.version == 3
     assert not np.allclose(before.logdist_engine_B_T_V[:, 0], after.logdist_engine_B_T_V[:, 0])
+
+
+def test_bf16_stages_hold_bf16_weights_and_compute_where_it_is_fast(tiny, monkeypatch):
+    monkeypatch.delenv("OPDFLOW_BF16_COMPUTE", raising=False)
+    auto = next(load_model(str(tiny.student)).parameters()).dtype
+    assert auto == (torch.bfloat16 if native_bf16() else torch.float32)
+    for choice in ("float32", "bfloat16"):
+        monkeypatch.setenv("OPDFLOW_BF16_COMPUTE", choice)
+        for p in load_model(str(tiny.student)).parameters():
+            assert p.dtype == getattr(torch, choice)
+            assert torch.equal(p, p.to(torch.bfloat16).to(p.dtype))  # bf16 values either way
+    monkeypatch.setenv("OPDFLOW_BF16_COMPUTE", "fp16")
+    with pytest.raises(ConfigError, match="OPDFLOW_BF16_COMPUTE"):
+        load_model(str(tiny.student))
