@@ -45,9 +45,21 @@ class TinyModelSpec:
     """MLP width."""
     teacher_steps: int = 1200
     """Supervised steps on the task for the teacher (the last checkpoint)."""
+    student: str = "checkpoint"
+    """How the student is made: "checkpoint" (an earlier checkpoint of the teacher's run, by
+    student_accuracy) or "carry_blind" (the teacher fine-tuned to drop carries on a share of
+    problems: close to the teacher in weights, wrong on a skill OPD can teach it, like the
+    paper's student and its RL-improved teacher; needs data.task.worked)."""
     student_accuracy: float = 0.3
-    """The student is the first earlier checkpoint (checked every 25 steps) whose held-out
-    greedy accuracy reaches this share: a clearly weaker model from the same run."""
+    """"checkpoint": the student is the first earlier checkpoint (checked every 25 steps) whose
+    held-out greedy accuracy reaches this share: a clearly weaker model from the same run."""
+    carry_blind_share: float = 0.75
+    """"carry_blind": share of fine-tuning targets whose carries are dropped (the rest are
+    right), so the student still samples a right carry now and then."""
+    carry_blind_steps: int = 30
+    """"carry_blind": fine-tuning steps from the teacher (batch_size examples each)."""
+    carry_blind_lr: float = 1e-3
+    """"carry_blind": constant AdamW learning rate of the fine-tuning."""
     batch_size: int = 128
     """Supervised batch size, in examples."""
     lr: float = 3e-3
@@ -56,7 +68,9 @@ class TinyModelSpec:
     """Supervised label smoothing: keeps the teacher's log-probabilities of wrong tokens finite
     (about log(0.1 / vocab)) like a real LLM's, instead of -20 nats, so OPD advantages stay sane."""
     key_bias_layer0: float = 0.0
-    """Planted sensitivity: add this constant to layer 0's key-projection bias (0 = none)."""
+    """Planted sensitivity: add this constant to layer 0's key-projection bias on the slowest
+    rotary dimensions of every key head (zoo.planted_key_dims; 0 = none): large keys an FP8
+    KV cache rounds badly, which attention itself hardly notices."""
     seed: int = 0
     """Seed of initialisation and supervised data order."""
 
@@ -66,8 +80,13 @@ class TinyModelSpec:
             _positive(f"{path}.{name}", getattr(self, name))
         _positive(f"{path}.intermediate_size", self.intermediate_size)
         _positive(f"{path}.teacher_steps", self.teacher_steps)
+        _one_of(f"{path}.student", self.student, ("checkpoint", "carry_blind"))
         if not 0.0 < self.student_accuracy < 1.0:
             _fail(f"{path}.student_accuracy", self.student_accuracy, "a share in (0, 1)")
+        if not 0.0 < self.carry_blind_share <= 1.0:
+            _fail(f"{path}.carry_blind_share", self.carry_blind_share, "a share in (0, 1]")
+        _positive(f"{path}.carry_blind_steps", self.carry_blind_steps)
+        _positive(f"{path}.carry_blind_lr", self.carry_blind_lr)
         _positive(f"{path}.batch_size", self.batch_size)
         _positive(f"{path}.lr", self.lr)
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -485,6 +504,8 @@ class PipelineConfig:
             sub = getattr(self, f.name)
             if dataclasses.is_dataclass(sub):
                 sub.validate(f.name)
+        if self.models.tiny.student == "carry_blind" and not self.data.task.worked:
+            _fail("models.tiny.student", "carry_blind", "'checkpoint' unless data.task.worked=true")
         _check_types(self, "")
         return self
 

@@ -105,10 +105,11 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float) -> 
 
 
 def _kl(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-    """KL(q || p) per row, float64 accumulation; q(v) = 0 terms (top-p) contribute 0."""
+    """KL(q || p) per row, float64 accumulation, clipped at 0 like `exact_kl_per_token`;
+    q(v) = 0 terms (top-p) contribute 0."""
     q = logq.exp()
     diff = torch.where(q > 0, logq - logp, torch.zeros_like(logq))
-    return (q * diff).sum(-1, dtype=torch.float64)
+    return (q * diff).sum(-1, dtype=torch.float64).clamp_min(0.0)
 
 
 class _ChunkedLogprob(torch.autograd.Function):

@@ -43,6 +43,17 @@ def worked_solution(prompt: str) -> str:
     return ",".join(columns) + ":" + str(int(x) + int(y))
 
 
+def carry_blind_solution(prompt: str) -> str:
+    """The worked solution of a solver that never carries: every carry in is 0, each column
+    keeps its own two-digit sum, and the answer is what those columns spell ("Q:123+459=" ->
+    "3+9+0=12,2+5+0=07,1+4+0=05:572"). Right wherever no column overflows."""
+    x, y = prompt.removeprefix("Q:").removesuffix("=").split("+")
+    sums = [int(dx) + int(dy) for dx, dy in zip(reversed(x), reversed(y))]
+    columns = [f"{dx}+{dy}+0={s:02d}" for dx, dy, s in zip(reversed(x), reversed(y), sums)]
+    answer = str(sums[-1]) + "".join(str(s % 10) for s in reversed(sums[:-1]))
+    return ",".join(columns) + ":" + str(int(answer))
+
+
 def target_text(prompt: str, answer: str, worked: bool) -> str:
     """The supervised response of a problem: the worked solution, or the bare answer."""
     return worked_solution(prompt) if worked else answer

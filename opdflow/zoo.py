@@ -1,9 +1,11 @@
 """The embedded tiny teacher and student: built from transformers configs, trained, cached.
 
-No weights are downloaded. One supervised run on the arithmetic task yields both models:
-an early checkpoint is the student and a late one the teacher (like the paper's base
-student and its RL-improved teacher). Everything is keyed by a hash of the recipe, so a
-changed recipe rebuilds and an unchanged one loads in milliseconds.
+No weights are downloaded. One supervised run on the arithmetic task yields the teacher
+(its last checkpoint) and the student: an early checkpoint, or the teacher briefly
+fine-tuned to drop carries ("carry_blind": a student a few steps from its teacher in
+weights, like the paper's base student and its RL-improved teacher). Everything is keyed by
+a hash of the recipe, so a changed recipe rebuilds and an unchanged one loads in
+milliseconds.
 """
 
 from __future__ import annotations
@@ -45,10 +47,40 @@ def cache_root(cache_dir: str | None) -> Path:
     return Path(cache_dir or os.environ.get("OPDFLOW_CACHE") or Path.home() / ".cache" / "opdflow")
 
 
+PLANTED_PAIRS = 4
+"""Rotary pairs per key head that carry the planted bias: the slowest-turning ones."""
+
+
+def planted_key_dims(cfg) -> list[int]:
+    """Layer-0 key dimensions that take the planted bias: both halves of the PLANTED_PAIRS
+    slowest rotary pairs of every key head. They turn by < 0.06 rad over the task's 60
+    positions, so a constant there shifts every query's scores by almost the same amount
+    (softmax ignores it and training goes on as before), while the large keys it makes lose
+    their detail to an FP8 cache's per-tensor scale: the paper's layer-0 key-bias effect."""
+    head = cfg.hidden_size // cfg.num_attention_heads
+    half = head // 2
+    slow = [*range(half - PLANTED_PAIRS, half), *range(head - PLANTED_PAIRS, head)]
+    return [h * head + j for h in range(cfg.num_key_value_heads) for j in slow]
+
+
+def _model_recipe(model: TinyModelSpec) -> dict:
+    """The fields that shape this build: a checkpoint student ignores the carry_blind ones
+    (so adding those kept every existing build's key); a planted build names its dims."""
+    fields = dataclasses.asdict(model)
+    if model.key_bias_layer0:  # since the bias moved to planted_key_dims (was: all dims)
+        fields["key_bias_dims"] = f"slowest {PLANTED_PAIRS} rotary pairs"
+    if model.student == "checkpoint":
+        for name in ("student", "carry_blind_share", "carry_blind_steps", "carry_blind_lr"):
+            del fields[name]
+    else:
+        del fields["student_accuracy"]
+    return fields
+
+
 def recipe_key(model: TinyModelSpec, task: TaskSpec) -> str:
     blob = json.dumps(
         {
-            "model": dataclasses.asdict(model),
+            "model": _model_recipe(model),
             "task": dataclasses.asdict(task),
             "format": ZOO_FORMAT,
         },
@@ -134,6 +166,8 @@ def _train(
 
     from opdflow.task import response_tokens, target_text
 
+    if spec.student == "carry_blind" and not task.worked:
+        raise ValueError("models.tiny.student='carry_blind' needs data.task.worked=true")
     torch.manual_seed(spec.seed)
     cfg = model_config(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -141,7 +175,9 @@ def _train(
         if spec.arch != "qwen2":
             raise ValueError("key_bias_layer0 needs the qwen2 architecture (it has a k_proj bias)")
         with torch.no_grad():
-            model.model.layers[0].self_attn.k_proj.bias.add_(spec.key_bias_layer0)
+            model.model.layers[0].self_attn.k_proj.bias[planted_key_dims(cfg)] += (
+                spec.key_bias_layer0
+            )
     ids, loss_mask = _encode(
         tok, prompts, [target_text(p, a, task.worked) for p, a in zip(prompts, answers)]
     )
@@ -151,25 +187,14 @@ def _train(
     info: dict = {}
     t0 = time.perf_counter()
     for step in range(1, spec.teacher_steps + 1):
-        idx = torch.randint(0, ids.shape[0], (spec.batch_size,), generator=gen)
-        x, m = ids[idx], loss_mask[idx]
-        logits = model(input_ids=x).logits[:, :-1]
-        target, tmask = x[:, 1:], m[:, 1:]
         warm = min(1.0, step / 50)
         decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / spec.teacher_steps))
-        lr_scale = warm * decay
         for g in opt.param_groups:
-            g["lr"] = spec.lr * lr_scale
-        loss = torch.nn.functional.cross_entropy(
-            logits[tmask], target[tmask], label_smoothing=spec.label_smoothing
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+            g["lr"] = spec.lr * warm * decay
+        loss = _sft_step(model, opt, ids, loss_mask, spec, gen)
         if step % 100 == 0:
-            log(f"tiny models: step {step}/{spec.teacher_steps} loss {loss.item():.3f}")
-        if "student" not in info and step % 25 == 0:
+            log(f"tiny models: step {step}/{spec.teacher_steps} loss {loss:.3f}")
+        if spec.student == "checkpoint" and "student" not in info and step % 25 == 0:
             model.eval()
             acc = greedy_accuracy(model, tok, *held, max_new)
             model.train()
@@ -177,7 +202,7 @@ def _train(
                 model.save_pretrained(tmp / "student", safe_serialization=True)
                 info["student"] = {"step": step, "heldout_accuracy": acc}
                 log(f"tiny models: student = step {step}, held-out greedy accuracy {acc:.1%}")
-    if "student" not in info:
+    if spec.student == "checkpoint" and "student" not in info:
         raise RuntimeError(
             f"tiny models: no checkpoint reached student_accuracy={spec.student_accuracy} in "
             f"{spec.teacher_steps} steps; raise models.tiny.teacher_steps or lower student_accuracy"
@@ -187,8 +212,56 @@ def _train(
     model.save_pretrained(tmp / "teacher", safe_serialization=True)
     info["teacher"] = {"step": spec.teacher_steps, "heldout_accuracy": acc}
     log(f"tiny models: teacher = step {spec.teacher_steps}, held-out greedy accuracy {acc:.1%}")
+    if spec.student == "carry_blind":
+        info["student"] = _carry_blind_student(model, spec, tok, prompts, held, max_new, tmp, log)
     info["train_seconds"] = time.perf_counter() - t0
     return info
+
+
+def _sft_step(model, opt, ids, loss_mask, spec: TinyModelSpec, gen) -> float:
+    """One supervised step on a random batch (next-token cross-entropy on the masked tokens)."""
+    import torch
+
+    idx = torch.randint(0, ids.shape[0], (spec.batch_size,), generator=gen)
+    x, m = ids[idx], loss_mask[idx]
+    logits = model(input_ids=x).logits[:, :-1]
+    target, tmask = x[:, 1:], m[:, 1:]
+    loss = torch.nn.functional.cross_entropy(
+        logits[tmask], target[tmask], label_smoothing=spec.label_smoothing
+    )
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
+def _carry_blind_student(
+    model, spec: TinyModelSpec, tok, prompts, held, max_new: int, tmp: Path, log
+) -> dict:
+    """Fine-tune the (saved) teacher in place into the student: carry_blind_share of the
+    targets drop their carries, the rest stay right."""
+    import numpy as np
+    import torch
+
+    from opdflow.task import carry_blind_solution, worked_solution
+
+    blind = np.random.default_rng(spec.seed + 1).random(len(prompts)) < spec.carry_blind_share
+    targets = [carry_blind_solution(p) if b else worked_solution(p) for p, b in zip(prompts, blind)]
+    ids, loss_mask = _encode(tok, prompts, targets)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.carry_blind_lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    model.train()
+    for _ in range(spec.carry_blind_steps):
+        _sft_step(model, opt, ids, loss_mask, spec, gen)
+    model.eval()
+    acc = greedy_accuracy(model, tok, *held, max_new)
+    model.save_pretrained(tmp / "student", safe_serialization=True)
+    log(
+        f"tiny models: student = teacher + {spec.carry_blind_steps} carry-blind steps, "
+        f"held-out greedy accuracy {acc:.1%}"
+    )
+    return {"step": spec.teacher_steps + spec.carry_blind_steps, "heldout_accuracy": acc}
 
 
 def ensure_tiny(

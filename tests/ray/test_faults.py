@@ -128,7 +128,8 @@ def test_stages_ray_cannot_place_fail_at_startup_instead_of_hanging(tmp_path, ra
     run = RunDir.create(cfg, tmp_path / "run")
     with pytest.raises(
         StageFailed,
-        match=r"stage startup failed: learner not running after 20 s; "
-        r"they request learner: 64\.0 CPU.*the cluster has",
+        # on a loaded machine the placeable stages may still be importing torch at 20 s
+        match=r"stage startup failed: (\S+, )*learner(, \S+)* not running after 20 s; "
+        r"they request .*learner: 64\.0 CPU.*the cluster has",
     ):
         run_pipeline(cfg, run)

@@ -22,6 +22,9 @@ def test_defaults_validate_and_round_trip_through_a_dict():
         ("train.steps=ten", r"train\.steps = 'ten'.*int"),
         ("models.tiny.hidden_size=64", r"head size >= 32"),
         ("resources.learner.workers=0", r"resources\.learner\.workers = 0 .*>= 1"),
+        ("models.tiny.student=blind", r"models\.tiny\.student = 'blind'.*'carry_blind'"),
+        ("models.tiny.student=carry_blind", r"models\.tiny\.student .*data\.task\.worked=true"),
+        ("models.tiny.carry_blind_share=0", r"models\.tiny\.carry_blind_share = 0"),
     ],
 )
 def test_bad_values_name_the_field_the_value_and_what_is_allowed(override, message):

@@ -4,6 +4,7 @@ import numpy as np
 
 from opdflow.task import (
     alphabet,
+    carry_blind_solution,
     is_correct,
     make_problems,
     response_tokens,
@@ -29,3 +30,15 @@ def test_worked_responses_check_their_final_answer_and_fit_the_token_bound():
     assert not is_correct("3+9+0=12,2+5+1=08,1+4+0=05:581", "582")
     assert is_correct("582", "582") and target_text("Q:1+2=", "3", worked=False) == "3"
     assert "," not in alphabet(False)  # the plain task's tokenizer is unchanged
+
+
+def test_the_carry_blind_solution_is_right_exactly_where_no_column_overflows():
+    assert carry_blind_solution("Q:123+459=") == "3+9+0=12,2+5+0=07,1+4+0=05:572"
+    assert carry_blind_solution("Q:999+001=") == "9+1+0=10,9+0+0=09,9+0+0=09:990"
+    prompts, answers = make_problems(500, 3, np.random.default_rng(1))
+    for p, a in zip(prompts, answers):
+        x, y = p.removeprefix("Q:").removesuffix("=").split("+")
+        carries = any(int(dx) + int(dy) >= 10 for dx, dy in zip(x[1:], y[1:]))
+        text = carry_blind_solution(p)
+        assert is_correct(text, a) == (not carries), p
+        assert len(text) < response_tokens(3, worked=True) and set(text) <= set(alphabet(True))
