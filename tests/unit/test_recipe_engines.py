@@ -22,8 +22,11 @@ def _engine(tiny, tokenizer, recipe):
 
 
 @torch.no_grad()
-def test_modelopt_fp8_agrees_with_the_torch_emulation(tiny, tokenizer, inputs):
+def test_modelopt_fp8_agrees_with_the_torch_emulation(tiny, tokenizer, inputs, monkeypatch):
     pytest.importorskip("modelopt.torch.quantization")
+    # float32 compute on every machine: the bounds below were measured there (with bf16
+    # activations the flips are larger: kl_agree 0.00093 vs kl_fp8 0.00108 on an AVX2 CPU)
+    monkeypatch.setenv("OPDFLOW_BF16_COMPUTE", "float32")
     mo = _engine(tiny, tokenizer, "fp8(impl=modelopt)")
     emu = _engine(tiny, tokenizer, "fp8(impl=torch)")
     assert type(mo.model.model.layers[0].self_attn.q_proj).__name__ == "QuantLinear"
