@@ -18,6 +18,7 @@ when `opdflow run` starts, each error naming the field. The numbers the paper do
 give are marked "assumed".
 """
 
+import dataclasses
 import os
 
 from opdflow.config import (
@@ -64,22 +65,29 @@ def _paper(name: str, student: str, resources: ResourcesConfig) -> PipelineConfi
     )
 
 
+def _resources(scorer: StageResources, groups: list[list[str]]) -> ResourcesConfig:
+    """The paper setups' actors: a vLLM replica per GPU, a 16-CPU learner and an evaluator on
+    a GPU each, `scorer` for the rescorer and (a copy) the teacher; the listed groups are
+    STRICT_PACK placement groups."""
+    return ResourcesConfig(
+        generator=StageResources(num_cpus=8, num_gpus=1),
+        learner=StageResources(num_cpus=16, num_gpus=1, torch_threads=16),
+        rescorer=scorer,
+        teacher=dataclasses.replace(scorer),
+        evaluator=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
+        placement=PlacementConfig(groups=groups, strategy="STRICT_PACK"),
+    )
+
+
 def student_7b() -> PipelineConfig:
     """7B student, synchronous BF16 (the standard run). One node: learner, rescorer,
     teacher and evaluator, a GPU each (STRICT_PACK); the other: 4 vLLM replicas."""
     return _paper(
         "dapo-7b",
         "DeepSeek-R1-Distill-Qwen-7B",
-        ResourcesConfig(
-            generator=StageResources(num_cpus=8, num_gpus=1),
-            learner=StageResources(num_cpus=16, num_gpus=1, torch_threads=16),
-            rescorer=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
-            teacher=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
-            evaluator=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
-            placement=PlacementConfig(
-                groups=[["learner", "rescorer", "teacher", "evaluator"], ["generator"]],
-                strategy="STRICT_PACK",
-            ),
+        _resources(
+            StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
+            [["learner", "rescorer", "teacher", "evaluator"], ["generator"]],
         ),
     )
 
@@ -99,15 +107,9 @@ def student_1p5b() -> PipelineConfig:
     cfg = _paper(
         "dapo-1p5b",
         "DeepSeek-R1-Distill-Qwen-1.5B",
-        ResourcesConfig(
-            generator=StageResources(num_cpus=8, num_gpus=1),
-            learner=StageResources(num_cpus=16, num_gpus=1, torch_threads=16),
-            rescorer=StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4),
-            teacher=StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4),
-            evaluator=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
-            placement=PlacementConfig(
-                groups=[["learner", "rescorer", "teacher", "evaluator"]], strategy="STRICT_PACK"
-            ),
+        _resources(
+            StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4),
+            [["learner", "rescorer", "teacher", "evaluator"]],
         ),
     )
     cfg.engine.replicas = 5
