@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python bench/simulator_validation.py [--steps 30] [--repeats 1] [--out DIR]
 
-Runs the tiny pipeline (pipelines/tiny_cpu.py, held-out evaluation only at the start and
-the end) at k = 0, 1, 2, 4 with one generator and at k = 2 with two generators (each
+Runs the short-answer tiny pipeline (pipelines/tiny_cpu.py:short_answers, held-out
+evaluation only at the start and the end) at k = 0, 1, 2, 4 with one generator and at k = 2 with two generators (each
 generator replica and the learner reserve one Ray CPU and run torch on one thread), in one
 Ray cluster per generator count (`opdflow sweep`'s run_sweep), `--repeats` times. Then it
 simulates every configuration from ONE reference run's spans (the first k = 0 run) with
@@ -60,7 +60,7 @@ def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
         return {int(k): v for k, v in json.loads(done.read_text()).items()}
     cores = free_cores()
     base = load_pipeline(
-        "pipelines/tiny_cpu.py",
+        "pipelines/tiny_cpu.py:short_answers",
         [f"train.steps={steps}", "eval.every=1000", f"engine.replicas={generators}"],
     )
     cfgs = []

@@ -11,7 +11,7 @@ pytest.importorskip("opdflow.measure", reason="opdflow.measure comes with the re
 from opdflow.cli import main
 from opdflow.engines.recipes import parse_recipe
 
-PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py")
+PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py:short_answers")
 
 
 def test_admit_bf16_and_reject_large_noise(tmp_path, tiny):

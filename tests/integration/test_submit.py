@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from opdflow.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = str(ROOT / "pipelines" / "tiny_cpu.py")
+PIPELINE = str(ROOT / "pipelines" / "tiny_cpu.py:short_answers")
 TINY = ["--set", "train.steps=3", "--set", "eval.every=3", "--set", "eval.prompts=8"]
 
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from opdflow.cli import main
 
-PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py")
+PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py:short_answers")
 
 
 @pytest.mark.slow

@@ -99,7 +99,7 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path, tiny):
         "-m",
         "opdflow.cli",
         "run",
-        str(ROOT / "pipelines" / "tiny_cpu.py"),
+        str(ROOT / "pipelines" / "tiny_cpu.py:short_answers"),
         "--steps",
         "16",
         "--set",

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from opdflow.cli import main
 from opdflow.rundir import read_table
 
-TINY = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py")
+TINY = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py:short_answers")
 
 
 def test_sweep_writes_a_row_per_k_and_the_plot(tmp_path, ray_local, tiny):

@@ -30,7 +30,7 @@ def logged_run(tmp_path_factory, ray_local, tiny):
         main,
         [
             "run",
-            "pipelines/tiny_cpu.py",
+            "pipelines/tiny_cpu.py:short_answers",
             "--steps",
             str(STEPS),
             "--log",
