@@ -3,10 +3,10 @@
     PYTHONPATH=. python bench/simulator_validation.py [--steps 30] [--repeats 1] [--out DIR]
 
 Runs the short-answer tiny pipeline (pipelines/tiny_cpu.py:short_answers, held-out
-evaluation only at the start and the end) at k = 0, 1, 2, 4 with one generator and at k = 2 with two generators (each
-generator replica and the learner reserve one Ray CPU and run torch on one thread), in one
-Ray cluster per generator count (`opdflow sweep`'s run_sweep), `--repeats` times. Then it
-simulates every configuration from ONE reference run's spans (the first k = 0 run) with
+evaluation only at the start and the end) at k = 0, 1, 2, 4 with one generator and at
+k = 2 with two generators (each generator replica and the learner reserve one Ray CPU and
+run torch on one thread), in one Ray cluster per generator count (`opdflow sweep`'s
+run_sweep), `--repeats` times. Then it simulates every configuration from ONE reference run's spans (the first k = 0 run) with
 opdflow.simulator, `--steps` steps like the runs, 20 seeds, two ways:
 
 - cluster: every stage on its own hardware (what `opdflow simulate` assumes by default);
