@@ -122,9 +122,10 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
     L: list[str] = [
         "# The study on tiny models",
         "",
-        "The findings of shared/PAPER.md, re-run on opdflow's tiny models (a 3-layer Qwen2 "
-        "student and its teacher on zero-padded addition). Same shapes, not the same sizes: "
-        "every number below comes from one run of",
+        "The findings of shared/PAPER.md, re-run on opdflow's worked testbed "
+        "(opdflow.testbed.worked: a 3-layer Qwen2 teacher that writes out every column of an "
+        "addition, ~31 tokens, and a student fine-tuned from it to drop carries; the demo's "
+        "models). Same shapes, not the same sizes: every number below comes from one run of",
         "",
         "```",
         f"opdflow study run{' --quick' if s['name'] == 'quick' else ''}   "
@@ -212,7 +213,7 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
             )
     L += _table(["configuration", "k", "lr", "d_engine", "d_stale", "Delta", "verdict"], rows)
     L += [
-        "Runs at lr/10 are judged against the standard run at that learning rate.",
+        "Runs at another learning rate are judged against the standard run at that rate.",
         "",
     ]
 
@@ -315,8 +316,9 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
     )  # fmt: skip
     L += [
         "Decisions were made before any training run (ADMIT iff 1.5 x D_hat <= L), with the "
-        "line L fixed beforehand (opdflow.study.ADMISSION_LINE, from an earlier calibration "
-        'of the tiny models against a k = 2 standard run). "With the study\'s L" applies the '
+        "line L fixed beforehand (opdflow.study.ADMISSION_LINE: a short calibration, "
+        "`opdflow calibrate --short`, of these models against the study's standard run). "
+        '"With the study\'s L" applies the '
         "line this study's own bracket gives, known only after training. The check sees the "
         "engine only: staleness arms are not in this table; bf16 is the standard run itself. "
         "Check seconds exclude loading the student once for all engines.",

@@ -6,16 +6,14 @@ Variants are more functions: `opdflow run pipelines/tiny_cpu.py:synchronous`.
 """
 
 from opdflow.config import EvalConfig, PipelineConfig, StalenessConfig, TrainConfig
+from opdflow.testbed import worked
 
 
 def pipeline() -> PipelineConfig:
-    """Worked solutions, a carry-blind student, weights up to 2 versions stale, 60 steps.
+    """The worked testbed (opdflow.testbed.worked), weights up to 2 versions stale, 60 steps.
 
-    Responses write out every column ("3+9+0=12,2+5+1=08,1+4+0=05:582", ~31 tokens), so a
-    wrong early token shifts every later prefix. The teacher trains 200 steps; the student
-    is that teacher fine-tuned 30 steps to drop carries on 3 problems in 4
-    (models.tiny.student = "carry_blind"): wrong exactly where OPD's per-token teacher
-    signal can show it the carry. Its own cached build (about a minute the first time).
+    Responses write out every column (~31 tokens); the student is its teacher fine-tuned to
+    drop carries on 3 problems in 4. Its own cached build (about a minute the first time).
 
     The tiny student moves far more per step than the paper's 7B (d_stale ~0.14
     nats/token at k = 2 against 0.0028 at k = 8): without an importance weight the stale
@@ -24,17 +22,12 @@ def pipeline() -> PipelineConfig:
     min(pi_learner / pi_engine, 3) (train.is_clip) stops that: held-out KL falls 61-67%
     (seeds 0, 1), as at k = 0 (-66%). At k = 4 it diverges with or without the weight.
     """
-    cfg = short_answers()
+    cfg = worked()
     cfg.name = "tiny-cpu"
-    cfg.train.lr = 2e-4
+    cfg.train.steps = 60
     cfg.train.is_clip = 3.0
-    cfg.data.task.worked = True
-    cfg.engine.max_new_tokens = 32
-    tiny = cfg.models.tiny
-    tiny.student = "carry_blind"
-    tiny.teacher_steps = 200
-    tiny.batch_size = 64
-    tiny.label_smoothing = 0.01  # ~0.99 per right token: 31-token responses stay sampleable
+    cfg.eval = EvalConfig(every=20, prompts=64)
+    cfg.staleness = StalenessConfig(policy="fixed", k=2)
     return cfg
 
 
@@ -69,8 +62,8 @@ def short_answers() -> PipelineConfig:
     """The first testbed: answers only ("582", 4 tokens), the student an early checkpoint
     of the teacher's own training (30% greedy accuracy), no importance weight.
 
-    The study (`opdflow study run`) and the test fixtures use these models (the config
-    defaults). OPD moves it little in 60 steps: held-out KL falls ~17%.
+    The test fixtures use these models (the config defaults); the study runs the demo's
+    (opdflow.testbed.worked). OPD moves it little in 60 steps: held-out KL falls ~17%.
     """
     return PipelineConfig(
         name="tiny-cpu-short",

@@ -109,9 +109,10 @@ def _machine() -> dict:
 
 
 def _config(scale, arm, seed: int, overrides):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import apply_overrides
+    from opdflow.testbed import worked
 
-    return apply_overrides(PipelineConfig(), [*arm.overrides(scale, seed), *overrides])
+    return apply_overrides(worked(), [*arm.overrides(scale, seed), *overrides])
 
 
 def _admission(scale, arms, line: float, overrides, err) -> list[dict]:

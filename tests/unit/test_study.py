@@ -20,6 +20,7 @@ from opdflow.study import (
     plan,
     rl_breaks,
 )
+from opdflow.testbed import worked
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -29,8 +30,9 @@ def test_every_arm_is_a_valid_pipeline_config(quick):
     for arm in arms:
         parse_recipe(arm.recipe)
         for seed in arm.seeds:
-            cfg = apply_overrides(PipelineConfig(), arm.overrides(scale, seed))
+            cfg = apply_overrides(worked(), arm.overrides(scale, seed))
             assert cfg.train.steps == scale.steps and cfg.train.loss == arm.loss
+            assert cfg.train.is_clip == 0  # the paper's objective, whatever the base sets
             assert cfg.staleness.k == arm.k and cfg.engine.recipe == arm.recipe
 
 
