@@ -4,10 +4,10 @@ A fresh subprocess builds a random Qwen2 causal LM with a 150_000-token vocabula
 (hidden 64, one layer: embedding and lm_head are ~77 MB together), takes one 8-token warm-up
 step (code loaded on first use and the parameter gradients then sit in the baseline), then
 scores a batch of 2 x 1024-token responses with entropy through the chunked path (128
-tokens a chunk), takes the learner's OPD loss and runs backward. Its peak RSS during that step
-(VmHWM, reset just before it) above the RSS before it must stay under BOUND_MB: below one full 2 x 1024 x 150k
-fp32 tensor (1229 MB), while the unchunked path holds several (logits, log_softmax, exp,
-gradient).
+tokens a chunk), takes the learner's OPD loss and runs backward. Its peak RSS during that
+step (VmHWM, reset just before it) above the RSS before it must stay under BOUND_MB: below
+one full 2 x 1024 x 150k fp32 tensor (1229 MB), while the unchunked path holds several
+(logits, log_softmax, exp, gradient).
 
 Measured on a 2-core x86_64 CPU, torch 2.13 (`run_child("chunked")` / `("full")`):
 chunked +243 MB, unchunked reference (token_logprobs(want_logdist=True), same loss and
@@ -77,7 +77,6 @@ small = dataclasses.replace(
     logp_engine_B_T=batch.logp_engine_B_T[:1, :8], prompt_index_B=batch.prompt_index_B[:1],
     logp_teacher_B_T=batch.logp_teacher_B_T[:1, :8])
 step(small, mask[:1, :8])
-warm = rss_mb()
 model.zero_grad(set_to_none=False)
 before = rss_mb()
 try:  # reset the peak (VmHWM) so it covers this step only, not import or model build
