@@ -73,6 +73,12 @@ class TinyModelSpec:
     KV cache rounds badly, which attention itself hardly notices."""
     seed: int = 0
     """Seed of initialisation and supervised data order."""
+    portable_kernels: bool = False
+    """Build with pinned float kernels (zoo.PINNED_KERNELS: ATen's AVX2 kernels, MKL's
+    COMPATIBLE branch, 2 threads), so this recipe gives the same weights, byte for byte, on
+    every x86-64 CPU with AVX2, Intel or AMD (its own cache key). Off by default: MKL's only
+    vendor-independent branch is SSE2 code, about 3x the build time (the demo's: 44 s -> 122 s
+    on a 2-core Xeon with AMX); a default build is reproducible per CPU type only."""
 
     def validate(self, path: str) -> None:
         _one_of(f"{path}.arch", self.arch, ("qwen2", "llama"))

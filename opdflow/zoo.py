@@ -5,8 +5,9 @@ No weights are downloaded. One supervised run on the arithmetic task yields the 
 fine-tuned to drop carries ("carry_blind": a student a few steps from its teacher in
 weights, like the paper's base student and its RL-improved teacher). Everything is keyed by
 a hash of the recipe, so a changed recipe rebuilds and an unchanged one loads in
-milliseconds. A build runs in a child process with its float kernels pinned (build_env), so
-one recipe yields the same weights, bit for bit, on every x86-64 CPU.
+milliseconds. A build runs in a child process (build_env); with models.tiny.portable_kernels
+its float kernels are pinned there, so one recipe yields the same weights, bit for bit, on
+every x86-64 CPU.
 """
 
 from __future__ import annotations
@@ -28,27 +29,29 @@ from pathlib import Path
 
 from opdflow.config import TaskSpec, TinyModelSpec
 
-ZOO_FORMAT = 3  # bump when the build procedure changes (3: kernels pinned, see build_env)
+ZOO_FORMAT = 2  # bump when the build procedure changes
 BUILD_THREADS = 2
-"""Fixed, not the machine's core count: float reductions then run in the same order
-everywhere, so every machine builds the same models from the same recipe."""
+"""Fixed, not the machine's core count: float reductions then run in the same order on
+every machine (with PINNED_KERNELS, that makes one recipe one set of weights everywhere)."""
 
 PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
-"""The float kernels a build computes with on x86-64, whatever the CPU offers. Torch picks
-its own kernels (ATen's vector width) and MKL's matmul code path by instruction set, so
-unpinned, the same recipe trains different models on AVX2, AVX-512 and AMX CPUs (start
-held-out KL 0.30 / 0.20 / 0.33 for one recipe on three machines). ATen's AVX2 kernels run
-on every x86-64 CPU made since 2015; MKL's COMPATIBLE branch is its one code path that
-gives the same results on Intel and non-Intel CPUs (its AVX2 branch falls back to
-auto-dispatch on AMD). It costs the build about 1.8x in time (31 s -> 56 s here); the
-pipeline's own stages are not pinned."""
+"""The float kernels a portable build (models.tiny.portable_kernels) computes with on x86-64,
+whatever the CPU offers. Torch picks its own kernels (ATen's vector width) and MKL its
+matmul code path by instruction set, so unpinned, one recipe trains different models on
+AVX2, AVX-512 and AMX CPUs (start held-out KL 0.30 / 0.20 for the demo's recipe on an
+AVX2 and an AVX-512 machine). ATen's AVX2 kernels run on every x86-64 CPU made since 2015;
+MKL's COMPATIBLE branch (SSE2 code) is the one branch its documentation promises gives the
+same results on Intel and non-Intel CPUs (its AVX2 branch is Intel-only). Measured on a
+Xeon with AMX, 2 threads, a 128 x 40-token training step of the tiny model: 240 ms
+unpinned, 222 ms with ATen at AVX2, 333 ms with MKL's AVX2 branch, 834 ms COMPATIBLE. The
+pipeline's own stages are never pinned."""
 
 
-def build_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a build child runs in: `base` (default os.environ) with the kernels
-    pinned (PINNED_KERNELS, on x86-64 only: other CPUs have neither) and BUILD_THREADS."""
+def build_env(portable: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a build child runs in: `base` (default os.environ) with BUILD_THREADS
+    and, when `portable` (on x86-64 only: other CPUs have neither), PINNED_KERNELS."""
     env = dict(os.environ if base is None else base)
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if portable and platform.machine().lower() in ("x86_64", "amd64"):
         env.update(PINNED_KERNELS)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(BUILD_THREADS)
     package_parent = str(Path(__file__).resolve().parents[1])
@@ -93,6 +96,8 @@ def _model_recipe(model: TinyModelSpec) -> dict:
     """The fields that shape this build: a checkpoint student ignores the carry_blind ones
     (so adding those kept every existing build's key); a planted build names its dims."""
     fields = dataclasses.asdict(model)
+    if not model.portable_kernels:  # the field came later: unpinned builds kept their keys
+        del fields["portable_kernels"]
     if model.key_bias_layer0:  # since the bias moved to planted_key_dims (was: all dims)
         fields["key_bias_dims"] = f"slowest {PLANTED_PAIRS} rotary pairs"
     if model.student == "checkpoint":
@@ -355,15 +360,16 @@ def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> N
 
 
 def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
-    """Run _build in `python -m opdflow.zoo` under build_env(), relaying its log lines: the
-    kernel pins only take effect in a process that has not loaded torch yet."""
+    """Run _build in `python -m opdflow.zoo` under build_env(), relaying its log lines: kernel
+    pins only take effect in a process that has not loaded torch yet, and every build runs
+    the same way whether pinned or not."""
     spec = json.dumps(
         {"model": dataclasses.asdict(model_spec), "task": dataclasses.asdict(task_spec)}
     )
     with tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(
             [sys.executable, "-m", "opdflow.zoo", spec, str(root)],
-            env=build_env(),
+            env=build_env(model_spec.portable_kernels),
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,

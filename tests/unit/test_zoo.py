@@ -1,6 +1,7 @@
 """The tiny build's recipe key and its planted key dimensions."""
 
 from opdflow.config import TaskSpec, TinyModelSpec
+from opdflow.testbed import worked
 from opdflow.zoo import model_config, planted_key_dims, recipe_key
 
 
@@ -16,6 +17,13 @@ def test_only_the_fields_a_build_uses_are_in_its_key():
     assert recipe_key(blind, task) != recipe_key(
         TinyModelSpec(student="carry_blind", carry_blind_steps=31), task
     )
+
+
+def test_portable_kernels_key_their_own_build_and_leave_the_others_keys_alone():
+    cfg = worked()
+    assert recipe_key(cfg.models.tiny, cfg.data.task) == "4fd0324945d0"  # the demo's, since 2026-12
+    cfg.models.tiny.portable_kernels = True
+    assert recipe_key(cfg.models.tiny, cfg.data.task) != "4fd0324945d0"
 
 
 def test_the_planted_bias_sits_on_rotary_dims_that_barely_turn():

@@ -1,9 +1,10 @@
-"""A tiny build yields the same weights on any x86-64 CPU: its float kernels are pinned.
+"""A portable tiny build yields the same weights on any x86-64 CPU: its float kernels are pinned.
 
 Two machines are emulated on this one by what they would make torch and MKL pick: an old
 CPU (ATen's scalar kernels, MKL limited to SSE4.2) and this CPU as it is. Unpinned, the two
-builds differ (so the emulation reaches the kernels and the check can fail); built the way
-ensure_tiny builds, they are equal byte for byte.
+builds differ (so the emulation reaches the kernels and the check can fail); built with
+models.tiny.portable_kernels, they are equal byte for byte. A default build in the child
+process equals one in this process, as builds were made before (their cache keys stand).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from opdflow.config import TaskSpec, TinyModelSpec
-from opdflow.zoo import build_env, ensure_tiny
+from opdflow.zoo import _build, build_env, ensure_tiny
 
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
 )
 
 SPEC = TinyModelSpec(student="carry_blind", teacher_steps=8, carry_blind_steps=2, batch_size=32)
+PORTABLE = dataclasses.replace(SPEC, portable_kernels=True)
 TASK = TaskSpec(worked=True, num_train=256, num_heldout=32)
 OLD_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
 
@@ -39,11 +41,10 @@ def _weights(root: Path) -> dict[str, str]:
 
 
 def _unpinned_build(root: Path, machine: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in build_env().items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
     spec = {"model": dataclasses.asdict(SPEC), "task": dataclasses.asdict(TASK)}
     subprocess.run(
         [sys.executable, "-m", "opdflow.zoo", json.dumps(spec), str(root)],
-        env={**env, **machine},
+        env={**build_env(portable=False), **machine},
         check=True,
         capture_output=True,
     )
@@ -54,12 +55,19 @@ def test_unpinned_builds_differ_between_the_emulated_machines(tmp_path):
     assert _unpinned_build(tmp_path / "old", OLD_CPU) != _unpinned_build(tmp_path / "this", {})
 
 
-def test_pinned_builds_are_equal_on_the_emulated_machines(tmp_path, monkeypatch):
-    this = ensure_tiny(SPEC, TASK, str(tmp_path / "this"), log=lambda _: None)
+def test_portable_builds_are_equal_on_the_emulated_machines(tmp_path, monkeypatch):
+    this = ensure_tiny(PORTABLE, TASK, str(tmp_path / "this"), log=lambda _: None)
     for name, value in OLD_CPU.items():
         monkeypatch.setenv(name, value)
-    old = ensure_tiny(SPEC, TASK, str(tmp_path / "old"), log=lambda _: None)
+    old = ensure_tiny(PORTABLE, TASK, str(tmp_path / "old"), log=lambda _: None)
     assert _weights(old.root) == _weights(this.root)
     assert this.info["kernels"]["aten_cpu_capability"] == "AVX2"
     assert this.info["kernels"]["mkl_cbwr"] == "COMPATIBLE"
     assert os.environ["ATEN_CPU_CAPABILITY"] == "default"  # the caller's env is left alone
+
+
+def test_a_default_build_in_the_child_equals_one_in_this_process(tmp_path):
+    child = ensure_tiny(SPEC, TASK, str(tmp_path / "child"), log=lambda _: None)
+    assert child.info["kernels"]["mkl_cbwr"] == os.environ.get("MKL_CBWR", "")
+    _build(SPEC, TASK, tmp_path / "here", lambda _: None)
+    assert _weights(tmp_path / "here") == _weights(child.root)
