@@ -76,16 +76,16 @@ def short_answers() -> PipelineConfig:
 def planted() -> PipelineConfig:
     """A planted sensitivity like the paper's 7B student: a large key-projection bias in layer 0.
 
-    The short-answer models trained with 100 added to layer 0's k_proj bias on the
-    slowest-turning rotary dimensions of each key head (Qwen2 has no q/k norm): attention
-    hardly changes, but an FP8 KV cache loses most of those keys' information:
-    `opdflow attribute pipelines/tiny_cpu.py:planted --recipe fp8_kv` shows layer 0.
-    Its own cached build (a different recipe hash), a few minutes the first time: a shorter
-    schedule (700 steps) and an earlier student (first checkpoint at 5% greedy accuracy).
+    The short-answer models (the same schedule and student) trained with 400 added to layer
+    0's k_proj bias on the slowest-turning rotary dimensions of each key head (Qwen2 has no
+    q/k norm): attention hardly changes, but an FP8 KV cache loses most of those keys'
+    information: `opdflow attribute pipelines/tiny_cpu.py:planted --recipe fp8_kv` shows
+    layer 0. Its own cached build (a different recipe hash), about two minutes the first
+    time. At +400, keeping layer 0's KV cache in BF16 cut D 88x to 351x (32 prompts x 4)
+    on three builds with different float kernels (this CPU's, an emulated SSE4.2 CPU's,
+    portable_kernels); at +100 with a 700-step schedule, 7x to 190x.
     """
     cfg = short_answers()
     cfg.name = "tiny-cpu-planted"
-    cfg.models.tiny.key_bias_layer0 = 100.0
-    cfg.models.tiny.teacher_steps = 700
-    cfg.models.tiny.student_accuracy = 0.05
+    cfg.models.tiny.key_bias_layer0 = 400.0
     return cfg

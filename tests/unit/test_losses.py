@@ -27,7 +27,7 @@ def test_gradient_descent_on_policy_loss_moves_a_categorical_towards_the_teacher
     opt = torch.optim.SGD([theta], lr=0.5)
 
     def kl():
-        p = torch.log_softmax(theta, 0)
+        p = torch.log_softmax(theta.detach(), 0)
         return float((p.exp() * (p - teacher)).sum())
 
     start = kl()
