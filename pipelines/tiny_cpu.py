@@ -81,9 +81,8 @@ def planted() -> PipelineConfig:
     q/k norm): attention hardly changes, but an FP8 KV cache loses most of those keys'
     information: `opdflow attribute pipelines/tiny_cpu.py:planted --recipe fp8_kv` shows
     layer 0. Its own cached build (a different recipe hash), about two minutes the first
-    time. At +400, keeping layer 0's KV cache in BF16 cut D 88x to 351x (32 prompts x 4)
-    on three builds with different float kernels (this CPU's, an emulated SSE4.2 CPU's,
-    portable_kernels); at +100 with a 700-step schedule, 7x to 190x.
+    time. +400 is what makes escaping layer 0 cut D at least 10x on every kernel build
+    tried (88x to 351x; README, "Precision recipes").
     """
     cfg = short_answers()
     cfg.name = "tiny-cpu-planted"
