@@ -1,17 +1,24 @@
-"""Checkpoints: everything needed to continue a run exactly, written atomically.
+"""Checkpoints: everything needed to continue a run exactly, written atomically, sharded.
 
-A checkpoint is a directory run/checkpoints/step_NNNNNN holding the learner's weights and
-optimizer state (safetensors: no pickle), its RNG state, and state.json (step, staleness
-policy state, counters). It is written into a temporary directory and renamed into place,
-then `checkpoints/latest` is replaced atomically: a crash mid-write leaves the previous
-checkpoint usable. Data cursors need no saving: prompts are a pure function of the step.
+A checkpoint is a directory step_NNNNNN under the run's checkpoint root
+(`reliability.checkpoint_dir`, default run/checkpoints). The learner's weights, AdamW state
+and RNG are written with torch.distributed.checkpoint (DCP): every learner rank writes only
+its own shards, in parallel, and a load reshards them onto any number of ranks, so a run
+checkpointed with N workers resumes with M. learner.json holds the learner's counters and
+state.json the driver's (step, staleness policy state, counters). Everything is written
+into a temporary directory that the driver renames into place, then `latest` is replaced
+atomically: a crash mid-write leaves the previous checkpoint usable. Data cursors need no
+saving: prompts are a pure function of the step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,39 +31,42 @@ class Checkpoint:
     state: dict[str, Any]
 
 
-def checkpoints_dir(run_path: Path) -> Path:
-    return Path(run_path) / "checkpoints"
+def checkpoints_dir(run_path: Path, checkpoint_dir: str | None = None) -> Path:
+    """A run's checkpoint root: `checkpoint_dir` (reliability.checkpoint_dir) if set, else
+    <run_path>/checkpoints."""
+    return Path(checkpoint_dir) if checkpoint_dir else Path(run_path) / "checkpoints"
 
 
-def staging_dir(run_path: Path, step: int) -> Path:
+def staging_dir(root: Path, step: int) -> Path:
     """Where the learner and the driver write a checkpoint before it is committed."""
-    d = checkpoints_dir(run_path) / f".step_{step:06d}.tmp"
+    d = Path(root) / f".step_{step:06d}.tmp"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     return d
 
 
-def commit(run_path: Path, staging: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+def commit(root: Path, staging: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Finish a staged checkpoint: write state.json, rename into place, point `latest` at it."""
+    root = Path(root)
     (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-    final = checkpoints_dir(run_path) / f"step_{step:06d}"
+    final = root / f"step_{step:06d}"
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
-    latest_tmp = checkpoints_dir(run_path) / ".latest.tmp"
+    latest_tmp = root / ".latest.tmp"
     latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, checkpoints_dir(run_path) / "latest")
-    done = sorted(p for p in checkpoints_dir(run_path).glob("step_*") if p.is_dir())
+    os.replace(latest_tmp, root / "latest")
+    done = sorted(p for p in root.glob("step_*") if p.is_dir())
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def load_latest(run_path: Path) -> Checkpoint | None:
-    """The newest complete checkpoint of a run, or None."""
-    latest = checkpoints_dir(run_path) / "latest"
+def load_latest(root: Path) -> Checkpoint | None:
+    """The newest complete checkpoint under a checkpoint root, or None."""
+    latest = Path(root) / "latest"
     if not latest.is_file():
         return None
-    path = checkpoints_dir(run_path) / latest.read_text().strip()
+    path = Path(root) / latest.read_text().strip()
     state_file = path / "state.json"
     if not state_file.is_file():
         return None
@@ -65,57 +75,76 @@ def load_latest(run_path: Path) -> Checkpoint | None:
 
 
 def save_learner(model: Any, optimizer: Any, out_dir: Path) -> None:
-    """Weights, optimizer tensors and torch RNG as safetensors; optimizer scalars as JSON."""
-    save_learner_state(model.state_dict(), optimizer.state_dict(), out_dir)
-
-
-def save_learner_state(
-    model_state: dict[str, Any], optimizer_state: dict[str, Any], out_dir: Path
-) -> None:
-    """save_learner from full (unsharded) state dicts: the model's, and the optimizer's in
-    torch's own layout (parameters numbered in model.parameters() order)."""
+    """The learner's weights, AdamW state and RNG as DCP shards in `out_dir`; every rank of a
+    data-parallel learner calls it (each writes its own shards, rank 0 the metadata)."""
     import torch
-    from safetensors.torch import save_file
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    save_file(
-        {k: v.detach().contiguous() for k, v in model_state.items()},
-        out_dir / "model.safetensors",
-    )
-    tensors: dict[str, torch.Tensor] = {"rng": torch.get_rng_state()}
-    scalars: dict[str, Any] = {"param_groups": optimizer_state["param_groups"], "state": {}}
-    for idx, st in optimizer_state["state"].items():
-        for key, value in st.items():
-            if torch.is_tensor(value):
-                tensors[f"{idx}.{key}"] = value.detach().contiguous()
-            else:
-                scalars["state"].setdefault(str(idx), {})[key] = value
-    save_file(tensors, out_dir / "optimizer.safetensors")
-    (out_dir / "optimizer.json").write_text(json.dumps(scalars))
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "rng": torch.get_rng_state()}
+    with _single_process_quiet():
+        dcp.save(state, checkpoint_id=str(out_dir), no_dist=not _distributed())
 
 
 def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
-    """Restore what save_learner wrote (exactly: FP32 weights and optimizer moments)."""
+    """Restore what save_learner wrote, resharded onto this learner's ranks (any number)."""
     import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optimizer_state, rng = read_learner_state(ckpt_dir)
-    model.load_state_dict(model_state, strict=True)
-    optimizer.load_state_dict(optimizer_state)
-    torch.set_rng_state(rng)
+    ckpt_dir = Path(ckpt_dir)
+    if not (ckpt_dir / ".metadata").is_file():
+        old = (ckpt_dir / "model.safetensors").is_file()
+        raise RuntimeError(
+            f"{ckpt_dir} is not a sharded checkpoint (no .metadata)"
+            + (
+                ": it is the single-file format of opdflow before sharded checkpoints, which "
+                "this version cannot resume; start a new run"
+                if old
+                else "; it is incomplete or not a checkpoint"
+            )
+        )
+    model_state, optim_state = get_state_dict(model, optimizer)  # fresh AdamW: zero moments
+    state = {"model": model_state, "optim": optim_state, "rng": torch.get_rng_state()}
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=str(ckpt_dir), no_dist=not _distributed())
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    torch.set_rng_state(state["rng"])
 
 
-def read_learner_state(ckpt_dir: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """What save_learner wrote: (model state, optimizer state in torch's layout, RNG state)."""
-    from safetensors.torch import load_file
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns on every single-process save/load (a one-worker learner, a reader): that is
+    the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
 
-    model_state = load_file(ckpt_dir / "model.safetensors")
-    tensors = load_file(ckpt_dir / "optimizer.safetensors")
-    scalars = json.loads((ckpt_dir / "optimizer.json").read_text())
-    state: dict[int, dict[str, Any]] = {}
-    for name, value in tensors.items():
-        if name == "rng":
-            continue
-        idx, key = name.split(".", 1)
-        state.setdefault(int(idx), {})[key] = value
-    for idx, extra in scalars["state"].items():
-        state.setdefault(int(idx), {}).update(extra)
-    return model_state, {"state": state, "param_groups": scalars["param_groups"]}, tensors["rng"]
+
+def _distributed() -> bool:
+    """Whether this process is in a torch.distributed group (a sharded learner)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def read_state(ckpt_dir: Path, prefix: str = "model.") -> dict[str, Any]:
+    """Full CPU tensors of a checkpoint whose names start with `prefix`, the prefix dropped,
+    read in this one process (no learner, no process group): "model." gives the learner's
+    FP32 weights by parameter name, "optim.state." its AdamW moments, for analysis and export."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = dcp.FileSystemReader(str(ckpt_dir)).read_metadata()
+    flat = {
+        key: torch.empty(tuple(item.size), dtype=item.properties.dtype)
+        for key, item in meta.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(item, TensorStorageMetadata)
+    }
+    with _single_process_quiet():
+        dcp.load(flat, checkpoint_id=str(ckpt_dir), no_dist=True)
+    return {key.removeprefix(prefix): value for key, value in flat.items()}

@@ -262,6 +262,23 @@ class TrainConfig:
     teacher and evaluator score tokens (logp, entropy, exact KL and their gradient): memory
     ~ this x vocabulary x 4 bytes x a few (1024 x 150k vocab: ~0.6 GB per copy), never the
     whole batch's B x T x vocabulary."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one forward, in padded tokens (rows x (widest prompt + widest
+    response)): the learner packs a step's responses into micro-batches of at most this many
+    and accumulates their gradients (normalised by the whole step's tokens: the same
+    gradient as one full-batch step); the rescorer, the teacher and the evaluator's prefill
+    use the same budget. Memory follows this, not the batch. At least
+    data.max_prompt_tokens + engine.max_new_tokens (a response is never split); 0 = the
+    whole batch in one forward."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them:
+    the learner's activation memory drops to one layer's plus each layer's input, for about
+    a third more compute."""
+    compute_dtype: str = "auto"
+    """The sharded (FSDP2) learner's compute dtype: parameters all-gathered and matmuls run
+    in it, while master weights, gradients' reduction and AdamW stay FP32. "auto" =
+    "bfloat16" on GPUs, "float32" on CPUs (where bf16 matmuls are emulated on many CPUs and a
+    data-parallel learner then matches one worker only to bf16 precision)."""
 
     def validate(self, path: str) -> None:
         _positive(f"{path}.steps", self.steps)
@@ -274,6 +291,8 @@ class TrainConfig:
         _nonnegative(f"{path}.max_bad_steps", self.max_bad_steps)
         _nonnegative(f"{path}.warmup_steps", self.warmup_steps)
         _in_range(f"{path}.logit_chunk_tokens", self.logit_chunk_tokens, 1, 2**31 - 1)
+        _in_range(f"{path}.micro_batch_tokens", self.micro_batch_tokens, 0, 2**31 - 1)
+        _one_of(f"{path}.compute_dtype", self.compute_dtype, ("auto", "bfloat16", "float32"))
 
 
 @dataclass
@@ -314,11 +333,16 @@ class EvalConfig:
     """Responses per held-out prompt."""
     seed: int = 1234
     """Sampling seed of the held-out responses, identical across runs for pairing."""
+    batch_prompts: int = 64
+    """Held-out prompts generated together (times samples_per_prompt responses): the
+    evaluator's memory (KV cache, logits) follows this, not eval.prompts. Each prompt's
+    responses are seeded by its index, so batching does not change them."""
 
     def validate(self, path: str) -> None:
         _positive(f"{path}.every", self.every)
         _positive(f"{path}.prompts", self.prompts)
         _positive(f"{path}.samples_per_prompt", self.samples_per_prompt)
+        _in_range(f"{path}.batch_prompts", self.batch_prompts, 1, 2**31 - 1)
 
 
 @dataclass
@@ -337,6 +361,11 @@ class ReliabilityConfig:
     cannot place (too few CPUs/GPUs/custom resources) end the run with an error then."""
     max_restarts: int = 3
     """Restarts allowed per generator/rescorer/teacher/evaluator actor before the run stops."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (step_NNNNNN/ and `latest`); None = <run_dir>/checkpoints. Every
+    learner worker writes its own shards there and the driver commits them, so on a cluster
+    it must be storage every learner node and the driver's node share (NFS, Lustre, a
+    mounted bucket): a run whose learner cannot see it is refused at start."""
 
     def validate(self, path: str) -> None:
         _nonnegative(f"{path}.checkpoint_every", self.checkpoint_every)
@@ -370,11 +399,12 @@ class LearnerResources(StageResources):
     """Ray resources of the learner: each of its `workers` actors gets num_cpus/num_gpus."""
 
     workers: int = 1
-    """Data-parallel learner actors (ranks). 1 = one actor, no torch.distributed. N > 1 = N
-    actors in one torch.distributed group (gloo on CPU, NCCL when the learner has GPUs), the
-    student sharded with FSDP2 (parameters, gradients and AdamW state split N ways), the batch
-    split by rows: loss and weights equal one worker's within float tolerance, and a
-    checkpoint from N workers resumes on any M."""
+    """Learner actors (ranks), one GPU each where it has GPUs; they may span nodes. The
+    student is sharded with FSDP2 over them (parameters, gradients and AdamW state split N
+    ways, built on the meta device and loaded shard by shard) whenever N > 1 or the learner
+    has a GPU; one CPU worker trains an unsharded FP32 model. The step's micro-batches are
+    dealt to the ranks: loss and weights equal one worker's within float tolerance, and a
+    sharded checkpoint from N workers resumes on any M."""
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -510,6 +540,14 @@ class PipelineConfig:
             sub = getattr(self, f.name)
             if dataclasses.is_dataclass(sub):
                 sub.validate(f.name)
+        row = self.data.max_prompt_tokens + self.engine.max_new_tokens
+        if 0 < self.train.micro_batch_tokens < row:
+            _fail(
+                "train.micro_batch_tokens",
+                self.train.micro_batch_tokens,
+                f">= data.max_prompt_tokens + engine.max_new_tokens = {row} (a response is "
+                "never split across micro-batches), or 0 for the whole batch in one forward",
+            )
         if self.models.tiny.student == "carry_blind" and not self.data.task.worked:
             _fail("models.tiny.student", "carry_blind", "'checkpoint' unless data.task.worked=true")
         _check_types(self, "")

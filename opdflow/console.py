@@ -35,7 +35,7 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def open_resume(cfg: PipelineConfig, path: str):
     """The run directory and checkpoint to continue; the config must match the run's."""
-    from opdflow.checkpoint import load_latest
+    from opdflow.checkpoint import checkpoints_dir, load_latest
     from opdflow.rundir import RunDir
 
     run = RunDir.open(path)
@@ -43,18 +43,17 @@ def open_resume(cfg: PipelineConfig, path: str):
     for d in (saved, now):
         d.pop("run_dir", None)
         d["train"].pop("steps", None)
-        d["resources"]["learner"].pop("workers", None)  # checkpoints are full: any N resumes
+        d["resources"]["learner"].pop("workers", None)  # checkpoints reshard: any N resumes
     changed = _diff(saved, now)
     if changed:
         raise ConfigError(
             f"--resume {path}: the pipeline differs from the run's config.json in "
             + "; ".join(changed)
         )
-    ckpt = load_latest(run.path)
+    root = checkpoints_dir(run.path, cfg.reliability.checkpoint_dir)
+    ckpt = load_latest(root)
     if ckpt is None:
-        raise ConfigError(
-            f"--resume {path}: no complete checkpoint in {run.path / 'checkpoints'}; start a new run"
-        )
+        raise ConfigError(f"--resume {path}: no complete checkpoint in {root}; start a new run")
     return run, ckpt
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from opdflow.checkpoint import Checkpoint
-from opdflow.config import PipelineConfig
+from opdflow.checkpoint import Checkpoint, checkpoints_dir, load_latest
+from opdflow.config import ConfigError, PipelineConfig
 from opdflow.rundir import RunDir
 from opdflow.stages.assembly import Stages
 from opdflow.staleness import StepObservation, launch_version, within_bound
@@ -127,10 +127,17 @@ def run_pipeline(
     on_start: Callable[[Stages], None] = lambda st: None,
 ) -> dict:
     """Train cfg.train.steps learner steps (from `resume` if given); returns the run summary."""
+    root = checkpoints_dir(run.path, cfg.reliability.checkpoint_dir)
+    if resume is None and (other := load_latest(root)) is not None:
+        raise ConfigError(
+            f"reliability.checkpoint_dir = {str(root)!r} already holds checkpoints of a run "
+            f"(latest: {other.path.name}); give each run its own directory, or continue that "
+            "run with --resume"
+        )
     trackers = open_trackers(cfg, run)  # metrics.parquet + cfg.log.sinks; params logged once
     st: Stages | None = None
     try:
-        st = Stages.start(cfg, log=lambda m: run.event("log", message=m))
+        st = Stages.start(cfg, root, log=lambda m: run.event("log", message=m))
         on_start(st)
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
         max_live = live_bound(cfg.staleness)

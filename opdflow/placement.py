@@ -29,9 +29,10 @@ def bundle(res: StageResources) -> dict[str, float]:
     return b or {"CPU": LIGHT_CPU}
 
 
-def actor_name(stage: str, index: int) -> str:
-    """How stages' actors are named (Stages.actors): generator[i], the others by stage."""
-    return f"generator[{index}]" if stage == "generator" else stage
+def actor_name(stage: str, index: int, count: int = 1) -> str:
+    """How stages' actors are named (Stages.actors): generator[i]; a data-parallel learner's
+    ranks learner[i]; the others (and a single learner) by stage."""
+    return f"{stage}[{index}]" if stage == "generator" or count > 1 else stage
 
 
 class Placement:
@@ -46,10 +47,11 @@ class Placement:
             bundles: list[dict[str, float]] = []
             names: list[str] = []
             for stage in stages:
-                for i in range(actors_per_stage.get(stage, 1)):
+                count = actors_per_stage.get(stage, 1)
+                for i in range(count):
                     self._slots.setdefault(stage, []).append((g, len(bundles)))
                     bundles.append(bundle(getattr(resources, stage)))
-                    names.append(actor_name(stage, i))
+                    names.append(actor_name(stage, i, count))
             self.groups.append((stages, bundles))
             self.actors.append(names)
         self.pgs: list[Any] = []
@@ -151,7 +153,7 @@ def fit(cfg: PipelineConfig, nodes: list[dict[str, float]]) -> dict[str, int]:
     r, e = cfg.resources, cfg.engine
     free = [dict(n) for n in nodes]
     where: dict[str, int] = {}
-    placement = Placement(r, {"generator": e.replicas})
+    placement = Placement(r, {"generator": e.replicas, "learner": r.learner.workers})
     strategy = placement.strategy
 
     def left() -> str:
@@ -191,10 +193,13 @@ def fit(cfg: PipelineConfig, nodes: list[dict[str, float]]) -> dict[str, int]:
             _take(free[i], b)
             where[name] = i
             used.add(i)
-    rest = [(n, bundle(getattr(r, n))) for n in STAGES[1:] if n not in where]
-    most = max(e.replicas, e.max_replicas or 0)
-    rest += [(actor_name("generator", i), bundle(r.generator)) for i in range(most)
-             if actor_name("generator", i) not in where]  # fmt: skip
+    counts = {"generator": max(e.replicas, e.max_replicas or 0), "learner": r.learner.workers}
+    rest = [
+        (actor_name(stage, i, counts.get(stage, 1)), bundle(getattr(r, stage)))
+        for stage in STAGES
+        for i in range(counts.get(stage, 1))
+        if actor_name(stage, i, counts.get(stage, 1)) not in where
+    ]
     rest.sort(key=lambda nb: (-nb[1].get("GPU", 0.0), -nb[1].get("CPU", 0.0)))
     for name, b in rest:
         i = next((i for i, f in enumerate(free) if _fits(f, b)), None)

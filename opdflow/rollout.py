@@ -61,6 +61,33 @@ class RolloutBatch:
     def replace(self, **changes: object) -> RolloutBatch:
         return dataclasses.replace(self, **changes)
 
+    def select(self, rows: np.ndarray | list[int]) -> RolloutBatch:
+        """These rows, their padding trimmed to their own widest prompt and response.
+
+        Prompts are left-padded and responses right-padded, and positions come from the
+        attention mask, so trimming changes no token's position or score: a micro-batch
+        computes on its own padded size, not the batch's."""
+        rows = np.asarray(rows, dtype=np.int64)
+        p_len = self.prompt_mask_B_P[rows].sum(1)
+        t_len = self.response_mask_B_T[rows].sum(1)
+        P = int(p_len.max()) if len(rows) else 0
+        T = max(int(t_len.max()) if len(rows) else 0, 1)
+        width_P = self.prompt_ids_B_P.shape[1]
+        changes: dict[str, object] = {
+            "answers": [self.answers[i] for i in rows] if self.answers else []
+        }
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, np.ndarray):
+                continue
+            if f.name.endswith("_B_P"):
+                changes[f.name] = value[rows, width_P - P :]
+            elif "_B_T" in f.name:
+                changes[f.name] = value[rows, :T]
+            elif f.name.endswith("_B"):
+                changes[f.name] = value[rows]
+        return dataclasses.replace(self, **changes)
+
     def response_texts(self, decode) -> list[str]:
         """Decode each response's tokens (EOS and padding dropped) with `decode(ids) -> str`."""
         return [

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from opdflow import microbatch
 from opdflow.rollout import RolloutBatch
 
 DEFAULT_CHUNK_TOKENS = 1024
@@ -37,14 +38,21 @@ class TokenScores:
     """Exact KL(ref || model) over the vocabulary in nats, float64, no gradient."""
 
 
-def batch_tensors(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """input_ids_B_L, attention_mask_B_L, position_ids_B_L, and the prompt width P."""
-    ids = torch.from_numpy(np.concatenate([batch.prompt_ids_B_P, batch.response_ids_B_T], 1)).long()
-    attn = torch.from_numpy(
-        np.concatenate([batch.prompt_mask_B_P, batch.response_mask_B_T], 1)
-    ).long()
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
-    return ids, attn, pos, batch.prompt_ids_B_P.shape[1]
+def batch_tensors(
+    batch: RolloutBatch, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """input_ids_B_L, attention_mask_B_L, position_ids_B_L on `device`, and the prompt width P."""
+    ids = np.concatenate([batch.prompt_ids_B_P, batch.response_ids_B_T], 1)
+    attn = np.concatenate([batch.prompt_mask_B_P, batch.response_mask_B_T], 1)
+    ids_t = torch.from_numpy(ids).to(device=device, dtype=torch.long)
+    attn_t = torch.from_numpy(attn).to(device=device, dtype=torch.long)
+    pos = (attn_t.cumsum(-1) - 1).clamp_min(0)
+    return ids_t, attn_t, pos, batch.prompt_ids_B_P.shape[1]
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's parameters live (sharded ones: their local shard's device)."""
+    return next(model.parameters()).device
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -80,7 +88,8 @@ def _response_hidden(
     its lm_head projects only the last position; a hook on the decoder captures the
     hidden states the lm_head would have read.
     """
-    ids, attn, pos, P = batch_tensors(batch)
+    device = model_device(model)
+    ids, attn, pos, P = batch_tensors(batch, device)
     T = batch.response_ids_B_T.shape[1]
     captured: list[torch.Tensor] = []
 
@@ -89,10 +98,12 @@ def _response_hidden(
 
     handle = _unwrap(model).get_decoder().register_forward_hook(keep)
     try:
-        model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1)
+        model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, use_cache=False
+        )
     finally:
         handle.remove()
-    mask_B_T = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool))
+    mask_B_T = torch.from_numpy(np.asarray(batch.response_mask_B_T, dtype=bool)).to(device)
     h_N_H = captured[0][:, P - 1 : P - 1 + T][mask_B_T]
     return h_N_H, ids[:, P : P + T][mask_B_T], mask_B_T
 
@@ -134,7 +145,7 @@ class _ChunkedLogprob(torch.autograd.Function):
             if want_entropy:
                 ent[s:e] = -(logdist.exp() * logdist).sum(-1)
             if ref is not None:
-                kl[s:e] = _kl(torch.from_numpy(ref[ref_rows[s:e]]).float(), logdist)
+                kl[s:e] = _kl(torch.from_numpy(ref[ref_rows[s:e]]).to(h.device).float(), logdist)
             del z, logdist
         ctx.save_for_backward(h, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
@@ -196,7 +207,7 @@ def score_tokens(
     if ref_logdist_B_T_V is not None:
         ref = np.asarray(ref_logdist_B_T_V)  # numpy: read-only Ray arrays stay uncopied
         ref = ref.reshape(-1, ref.shape[-1])  # (B*T) x V view; each chunk copies its rows
-        rows = mask_B_T.reshape(-1).nonzero().squeeze(-1).numpy()
+        rows = mask_B_T.reshape(-1).nonzero().squeeze(-1).cpu().numpy()
     logp_N, ent_N, kl_N = _ChunkedLogprob.apply(
         h_N_H, weight, bias, targets_N, temperature, chunk_tokens, entropy, ref, rows
     )
@@ -219,7 +230,7 @@ def exact_kl_between(
     hq_N_H, _, mask_B_T = _response_hidden(model_q, batch)
     hp_N_H, _, _ = _response_hidden(model_p, batch)
     (wq, bq), (wp, bp) = _head(model_q), _head(model_p)
-    kl_N = torch.empty(hq_N_H.shape[0], dtype=torch.float64)
+    kl_N = torch.empty(hq_N_H.shape[0], dtype=torch.float64, device=hq_N_H.device)
     for s in range(0, hq_N_H.shape[0], chunk_tokens):
         e = s + chunk_tokens
         logq = torch.log_softmax(_logits(hq_N_H[s:e], wq, bq, 1.0), -1)
@@ -242,15 +253,76 @@ def token_logprobs(
     """
     if not want_logdist:
         return score_tokens(model, batch, temperature, chunk_tokens=chunk_tokens).logp_B_T, None
-    ids, attn, pos, P = batch_tensors(batch)
+    device = model_device(model)
+    ids, attn, pos, P = batch_tensors(batch, device)
     T = batch.response_ids_B_T.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
     logits_B_T_V = logits[:, P - 1 : P - 1 + T].float()
     if temperature != 1.0:
         logits_B_T_V = logits_B_T_V / temperature
     logdist_B_T_V = torch.log_softmax(logits_B_T_V, dim=-1)
     target = ids[:, P : P + T]
     logp_B_T = logdist_B_T_V.gather(-1, target[..., None]).squeeze(-1)
-    mask = torch.tensor(batch.response_mask_B_T)
+    mask = torch.from_numpy(np.asarray(batch.response_mask_B_T, dtype=bool)).to(device)
     logp_B_T = torch.where(mask, logp_B_T, torch.zeros_like(logp_B_T))
     return logp_B_T, logdist_B_T_V
+
+
+@dataclass(frozen=True)
+class BatchScores:
+    """score_batch's result, in host memory: B x T float arrays, zero where masked."""
+
+    logp_B_T: np.ndarray
+    """log p(y_t | s_t), float32."""
+    kl_B_T: np.ndarray | None = None
+    """Exact KL(engine || model) over the vocabulary (where the batch carries the engine's
+    full log-distributions), float32."""
+
+
+@torch.no_grad()
+def score_batch(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    budget: int,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> BatchScores:
+    """score_tokens over a whole batch in micro-batches of at most `budget` padded tokens
+    (0: one pass), results moved to host memory once per micro-batch.
+
+    The exact KL is computed against `batch.logdist_engine_B_T_V` when the batch has it."""
+    B, T = batch.response_ids_B_T.shape
+    logp = np.zeros((B, T), np.float32)
+    exact = batch.logdist_engine_B_T_V is not None
+    kl = np.zeros((B, T), np.float32) if exact else None
+    for rows in microbatch.of_batch(batch, budget):
+        mb = batch.select(rows)
+        s = score_tokens(
+            model, mb, temperature, ref_logdist_B_T_V=mb.logdist_engine_B_T_V,
+            chunk_tokens=chunk_tokens,
+        )  # fmt: skip
+        width = mb.response_ids_B_T.shape[1]
+        logp[rows, :width] = s.logp_B_T.float().cpu().numpy()
+        if kl is not None:
+            kl[rows, :width] = s.kl_B_T.float().cpu().numpy()
+    return BatchScores(logp, kl)
+
+
+@torch.no_grad()
+def exact_kl_batch(
+    model_q: torch.nn.Module,
+    model_p: torch.nn.Module,
+    batch: RolloutBatch,
+    budget: int,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> np.ndarray:
+    """exact_kl_between over a whole batch in micro-batches of at most `budget` padded
+    tokens; float64 B x T in host memory."""
+    B, T = batch.response_ids_B_T.shape
+    kl = np.zeros((B, T), np.float64)
+    for rows in microbatch.of_batch(batch, budget):
+        mb = batch.select(rows)
+        kl[rows, : mb.response_ids_B_T.shape[1]] = (
+            exact_kl_between(model_q, model_p, mb, chunk_tokens).cpu().numpy()
+        )
+    return kl

@@ -38,28 +38,37 @@ class PackedWeights:
         return int(self.buffer.nbytes)
 
 
-def pack(state: dict[str, Any], version: int) -> PackedWeights:
-    """Copy a torch state dict into one contiguous buffer (dtype kept, bf16 as raw bits)."""
+def allocate(entries: list[tuple[str, Any, tuple[int, ...]]], version: int) -> PackedWeights:
+    """An uninitialised buffer laid out for (name, torch dtype, shape) entries, in order."""
     import torch
 
-    specs = []
-    offset = 0
-    tensors = []
-    for name, tensor in state.items():
-        t = tensor.detach().to("cpu").contiguous()
-        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        arr = raw.numpy()
+    specs, offset = [], 0
+    for name, dtype, shape in entries:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
         specs.append(
-            TensorSpec(
-                name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, arr.nbytes
-            )
+            TensorSpec(name, str(dtype).removeprefix("torch."), tuple(shape), offset, nbytes)
         )
-        tensors.append(arr)
-        offset += arr.nbytes
-    buffer = np.empty(offset, dtype=np.uint8)
-    for spec, arr in zip(specs, tensors):
-        buffer[spec.offset : spec.offset + spec.nbytes] = arr.reshape(-1).view(np.uint8)
-    return PackedWeights(version, tuple(specs), buffer)
+        offset += nbytes
+    return PackedWeights(version, tuple(specs), np.empty(offset, dtype=np.uint8))
+
+
+def tensor_view(packed: PackedWeights, spec: TensorSpec) -> Any:
+    """A torch tensor viewing `spec`'s bytes of the buffer (writable before it is put)."""
+    import torch
+
+    chunk = packed.buffer[spec.offset : spec.offset + spec.nbytes]
+    if spec.dtype == "bfloat16":
+        return torch.from_numpy(chunk.view(np.int16)).view(torch.bfloat16).reshape(spec.shape)
+    return torch.from_numpy(chunk.view(np.dtype(spec.dtype))).reshape(spec.shape)
+
+
+def pack(state: dict[str, Any], version: int) -> PackedWeights:
+    """Copy a torch state dict into one contiguous buffer (dtype kept, bf16 as raw bits):
+    one copy per tensor, from wherever it lives (a GPU tensor lands in host memory)."""
+    packed = allocate([(n, t.dtype, tuple(t.shape)) for n, t in state.items()], version)
+    for spec, tensor in zip(packed.specs, state.values()):
+        tensor_view(packed, spec).copy_(tensor.detach())
+    return packed
 
 
 def unpack(packed: PackedWeights) -> dict[str, Any]:

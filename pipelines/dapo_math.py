@@ -3,11 +3,19 @@
     opdflow validate pipelines/dapo_math.py:student_7b --cluster 2x4:72
     OPDFLOW_MODELS=/ckpt OPDFLOW_DATA=/data opdflow submit pipelines/dapo_math.py:student_7b ...
 
-As ../shared/PAPER.md states them: students DeepSeek-R1-Distill-Qwen-7B and -1.5B, each
-taught by an RL-fine-tuned version of itself; 200 steps of 8 problems x 8 responses at
-temperature 1, up to 16,384 tokens per response, learning rate 1e-6; the standard run is
-synchronous BF16 (k = 0); held-out KL on 530 problems (AIME24 + MATH-500); two nodes of
-four GPUs (the paper's GH200s).
+As the paper states them: students DeepSeek-R1-Distill-Qwen-7B and -1.5B, each taught by
+an RL-fine-tuned version of itself; 200 steps of 8 problems x 8 responses at temperature
+1, up to 16,384 tokens per response, learning rate 1e-6; the standard run is synchronous
+BF16 (k = 0); held-out KL on 530 problems (AIME24 + MATH-500); two nodes of four GPUs (the
+paper's GH200s, 96 GB each).
+
+Memory is sized for those GPUs (80-96 GB): the learner is 2 FSDP2 ranks (bf16 compute,
+FP32 master weights and AdamW: ~61 GB of sharded state per rank for 7B, ~14 GB for 1.5B)
+with activation checkpointing per decoder layer; a learner micro-batch holds one
+full-length response for 7B (2,048 + 16,384 tokens: ~4 GB of checkpointed layer inputs
+plus one layer's activations) and two for 1.5B; the rescorer, teacher and evaluator's
+prefill use the same budget; the evaluator generates 32 (7B) or 64 (1.5B) held-out
+prompts at a time (~30 GB of BF16 KV cache at 16k tokens).
 
 Nothing is downloaded. Checkpoints are local Hugging Face directories under
 $OPDFLOW_MODELS (default ./models), prompts local parquet files under $OPDFLOW_DATA
@@ -25,6 +33,7 @@ from opdflow.config import (
     DataConfig,
     EngineConfig,
     EvalConfig,
+    LearnerResources,
     ModelsConfig,
     PipelineConfig,
     PlacementConfig,
@@ -40,7 +49,13 @@ def _dirs() -> tuple[str, str]:
     return os.environ.get("OPDFLOW_MODELS", "models"), os.environ.get("OPDFLOW_DATA", "data")
 
 
-def _paper(name: str, student: str, resources: ResourcesConfig) -> PipelineConfig:
+def _paper(
+    name: str,
+    student: str,
+    resources: ResourcesConfig,
+    micro_batch_tokens: int,
+    eval_batch: int,
+) -> PipelineConfig:
     models, data = _dirs()
     return PipelineConfig(
         name=name,
@@ -53,9 +68,15 @@ def _paper(name: str, student: str, resources: ResourcesConfig) -> PipelineConfi
             max_prompt_tokens=2048,  # assumed: DAPO prompts are a few hundred tokens
         ),
         engine=EngineConfig(kind="vllm", recipe="bf16", replicas=4, max_new_tokens=16384),
-        train=TrainConfig(steps=200, lr=1e-6),
+        train=TrainConfig(
+            steps=200,
+            lr=1e-6,
+            micro_batch_tokens=micro_batch_tokens,
+            activation_checkpointing=True,
+        ),
         staleness=StalenessConfig(policy="fixed", k=0),
-        eval=EvalConfig(every=50, prompts=530, samples_per_prompt=1),  # every, samples: assumed
+        # every, samples: assumed
+        eval=EvalConfig(every=50, prompts=530, samples_per_prompt=1, batch_prompts=eval_batch),
         resources=resources,
         reliability=ReliabilityConfig(
             checkpoint_every=20,
@@ -65,30 +86,32 @@ def _paper(name: str, student: str, resources: ResourcesConfig) -> PipelineConfi
     )
 
 
-def _resources(scorer: StageResources, groups: list[list[str]]) -> ResourcesConfig:
-    """The paper setups' actors: a vLLM replica per GPU, a 16-CPU learner and an evaluator on
-    a GPU each, `scorer` for the rescorer and (a copy) the teacher; the listed groups are
-    STRICT_PACK placement groups."""
+def _resources() -> ResourcesConfig:
+    """The paper setups' actors. One node (STRICT_PACK): the learner's 2 ranks on a GPU
+    each, the rescorer and the teacher sharing a GPU, the evaluator on one; the other node
+    (STRICT_PACK): 4 vLLM replicas, a GPU each."""
+    scorer = StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4)
     return ResourcesConfig(
         generator=StageResources(num_cpus=8, num_gpus=1),
-        learner=StageResources(num_cpus=16, num_gpus=1, torch_threads=16),
+        learner=LearnerResources(num_cpus=16, num_gpus=1, torch_threads=16, workers=2),
         rescorer=scorer,
         teacher=dataclasses.replace(scorer),
         evaluator=StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
-        placement=PlacementConfig(groups=groups, strategy="STRICT_PACK"),
+        placement=PlacementConfig(
+            groups=[["learner", "rescorer", "teacher", "evaluator"], ["generator"]],
+            strategy="STRICT_PACK",
+        ),
     )
 
 
 def student_7b() -> PipelineConfig:
-    """7B student, synchronous BF16 (the standard run). One node: learner, rescorer,
-    teacher and evaluator, a GPU each (STRICT_PACK); the other: 4 vLLM replicas."""
+    """7B student, synchronous BF16 (the standard run)."""
     return _paper(
         "dapo-7b",
         "DeepSeek-R1-Distill-Qwen-7B",
-        _resources(
-            StageResources(num_cpus=8, num_gpus=1, torch_threads=8),
-            [["learner", "rescorer", "teacher", "evaluator"], ["generator"]],
-        ),
+        _resources(),
+        micro_batch_tokens=18432,  # one 2,048 + 16,384-token response
+        eval_batch=32,
     )
 
 
@@ -101,19 +124,31 @@ def student_7b_async() -> PipelineConfig:
     return cfg
 
 
+def student_7b_2x8() -> PipelineConfig:
+    """The 7B standard run on two nodes of eight GPUs: 4 learner ranks (~30 GB of sharded
+    state each, room for two responses per micro-batch) beside the rescorer + teacher GPU
+    and the evaluator's on one node; 10 vLLM replicas on the GPUs left (2 + 8).
+
+        opdflow validate pipelines/dapo_math.py:student_7b_2x8 --cluster 2x8:128
+    """
+    cfg = student_7b()
+    cfg.name = "dapo-7b-2x8"
+    cfg.resources.learner.workers = 4
+    cfg.resources.placement.groups = [["learner", "rescorer", "teacher", "evaluator"]]
+    cfg.engine.replicas = 10
+    cfg.train.micro_batch_tokens = 36864
+    return cfg
+
+
 def student_1p5b() -> PipelineConfig:
-    """1.5B student, synchronous BF16. Smaller models share: rescorer and teacher half a GPU
-    each; learner and evaluator a GPU each; 5 vLLM replicas fill the other 5 GPUs."""
-    cfg = _paper(
+    """1.5B student, synchronous BF16: the same layout, twice the learner's micro-batch."""
+    return _paper(
         "dapo-1p5b",
         "DeepSeek-R1-Distill-Qwen-1.5B",
-        _resources(
-            StageResources(num_cpus=4, num_gpus=0.5, torch_threads=4),
-            [["learner", "rescorer", "teacher", "evaluator"]],
-        ),
+        _resources(),
+        micro_batch_tokens=36864,  # two full-length responses
+        eval_batch=64,
     )
-    cfg.engine.replicas = 5
-    return cfg
 
 
 def pipeline() -> PipelineConfig:

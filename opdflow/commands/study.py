@@ -251,18 +251,16 @@ def _outcomes(admission: list[dict], res) -> list[dict]:
 
 def _probes(scale, res, overrides, err) -> list[dict]:
     """Experiments 5 and 7: gradient errors at the untrained student and the trained one."""
-    from safetensors.torch import load_file
-
-    from opdflow.checkpoint import load_latest
+    from opdflow.checkpoint import checkpoints_dir, load_latest, read_state
     from opdflow.gradient_error import GradientProbe
     from opdflow.study import PROBE_FAIL, PROBE_PASS, Arm
 
     cfg = _config(scale, Arm("ladder"), 0, overrides)
     std = next(r for r in res.runs if r.arm == Arm("ladder").name and r.seed == 0)
-    ckpt = load_latest(Path(std.path))
+    ckpt = load_latest(checkpoints_dir(Path(std.path), cfg.reliability.checkpoint_dir))
     students = [("untrained", None)]
     if ckpt is not None:
-        students.append((f"step {ckpt.step}", load_file(ckpt.path / "model.safetensors")))
+        students.append((f"step {ckpt.step}", read_state(ckpt.path)))
     out = []
     for label, weights in students:
         probe = GradientProbe(

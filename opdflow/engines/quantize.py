@@ -113,13 +113,13 @@ def transform_weights(part: Part, model: torch.nn.Module) -> None:
             lin.weight.copy_(fake_nvfp4(lin.weight))
     elif part.name == "noise":
         sigma = float(part.arg("sigma"))
-        gen = torch.Generator().manual_seed(int(part.arg("seed")))
-        for name, p in model.named_parameters():
+        gen = torch.Generator().manual_seed(int(part.arg("seed")))  # host draws: the same
+        for name, p in model.named_parameters():  # noise on every device
             if p.ndim == 2 and "embed" not in name and "lm_head" not in name:
-                noise = sigma * p.float().std() * torch.randn(p.shape, generator=gen)
+                noise = sigma * float(p.float().std()) * torch.randn(p.shape, generator=gen)
                 m = _LAYER.search(name)
                 if m is None or int(m.group(1)) in chosen:  # same draws whatever the layers
-                    p.add_(noise.to(p.dtype))
+                    p.add_(noise.to(device=p.device, dtype=p.dtype))
 
 
 def describe(part: Part) -> dict[str, Any]:

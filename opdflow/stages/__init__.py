@@ -1,6 +1,10 @@
-"""Pipeline stages as Ray actors: generator pool, rescorer, teacher scorer, learner, evaluator.
+"""Pipeline stages: generator pool, rescorer, teacher scorer, learner, evaluator.
 
-Each actor pins its torch threads at start so stages sharing a few cores do not fight.
+Each stage's logic is a plain class that computes on its own device (device.py) and needs
+no Ray, so it runs in a script or a test as it runs in a pipeline; a thin actor class
+beside it fetches weights versions from the object store, records spans and, for the
+learner, leads its data-parallel peers. Each actor pins its torch threads at start so
+stages sharing a few cores do not fight. Only the actor classes import Ray (lazily).
 """
 
 from __future__ import annotations
@@ -74,17 +78,3 @@ class StageActor(SpanRecorder):
             packed = ray.get(weights_box[0])
             load(unpack(packed), version)
             s["bytes"] = packed.nbytes
-
-
-class VersionedModel(StageActor):
-    """Mixin: a model that loads weights versions from the object store only when they change."""
-
-    model: Any
-    version: int = 0
-
-    def _ensure_version(self, version: int, weights_box: list, step: int = -1) -> None:
-        self.ensure_weights(version, self.version, weights_box, step, self._load)
-
-    def _load(self, state: dict, version: int) -> None:
-        self.model.load_state_dict(state, strict=True)
-        self.version = version

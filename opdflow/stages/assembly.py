@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -38,24 +39,19 @@ def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
 
 
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
-    """The learner actor: a Learner, or with resources.learner.workers = N > 1 the rank 0 of
-    a DataParallelLearner, which starts the other N - 1 ranks with these options."""
-    from opdflow.stages.learner import Learner
+    """The learner actor: rank 0 of resources.learner.workers ranks; it starts the other
+    N - 1 with these options (each placed where the placement puts a learner)."""
+    from opdflow.stages.learner_actor import LearnerActor
 
     res = cfg.resources.learner
-    args = (student, res.torch_threads, cfg.train.__dict__, cfg.seed)
-    lead = placement.scheduling("learner")
-    if res.workers == 1:
-        return _actor(Learner, res, 0, *args, scheduling=lead)
-    from opdflow.stages.dp_learner import DataParallelLearner
-
     peers = []
     for _ in range(res.workers - 1):
         opts = actor_options(res)
         if (where := placement.scheduling("learner")) is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
-    return _actor(DataParallelLearner, res, 0, *args, res.workers, peers, scheduling=lead)
+    args = (student, res.torch_threads, cfg.train, cfg.seed, res.workers, peers)
+    return _actor(LearnerActor, res, 0, *args, scheduling=placement.scheduling("learner"))
 
 
 def _actor(
@@ -86,14 +82,16 @@ class Stages:
     evals: dict[int, Any] = field(default_factory=dict)
     started_ray: bool = False
     placement: Placement | None = None
+    checkpoint_root: Path | None = None
+    """Where checkpoints go (reliability.checkpoint_dir, or the run directory's)."""
     t0: float = field(default_factory=time.perf_counter)
 
     @classmethod
-    def start(cls, cfg: PipelineConfig, log=print) -> Stages:
-        from opdflow.stages.evaluator import Evaluator
+    def start(cls, cfg: PipelineConfig, checkpoint_root: Path, log=print) -> Stages:
+        from opdflow.stages.evaluator import EvaluatorActor
         from opdflow.stages.generator import GeneratorPool, GeneratorWorker
-        from opdflow.stages.rescorer import Rescorer
-        from opdflow.stages.teacher import TeacherScorer
+        from opdflow.stages.rescorer import RescorerActor
+        from opdflow.stages.teacher import TeacherActor
         from opdflow.tokenizer import load_tokenizer
 
         paths = resolve_models(cfg, log=log)
@@ -143,6 +141,7 @@ class Stages:
             )
 
         workers = [make_worker() for _ in range(e.replicas)]
+        chunk, budget = cfg.train.logit_chunk_tokens, cfg.train.micro_batch_tokens
         exact = len(tok) <= e.exact_kl_max_vocab
         st = cls(
             cfg=cfg,
@@ -150,35 +149,39 @@ class Stages:
                 workers, make_worker, e.min_replicas, e.max_replicas, e.scale_down_idle_s
             ),
             rescorer=_actor(
-                Rescorer,
+                RescorerActor,
                 r.rescorer,
                 restarts,
                 paths.student,
                 r.rescorer.torch_threads,
                 e.temperature,
-                cfg.train.logit_chunk_tokens,
+                chunk,
+                budget,
                 scheduling=placement.scheduling("rescorer"),
             ),
             teacher=_actor(
-                TeacherScorer,
+                TeacherActor,
                 r.teacher,
                 restarts,
                 paths.teacher,
                 r.teacher.torch_threads,
-                cfg.train.logit_chunk_tokens,
+                chunk,
+                budget,
                 scheduling=placement.scheduling("teacher"),
             ),
             # the learner holds the run's state: never restarted (resume from a checkpoint)
             learner=make_learner(cfg, paths.student, placement),
             evaluator=_actor(
-                Evaluator,
+                EvaluatorActor,
                 r.evaluator,
                 restarts,
                 paths.student,
                 paths.teacher,
                 paths.tokenizer,
                 r.evaluator.torch_threads,
-                cfg.train.logit_chunk_tokens,
+                chunk,
+                budget,
+                cfg.eval.batch_prompts,
                 scheduling=placement.scheduling("evaluator"),
             ),
             train_set=train_set,
@@ -188,9 +191,47 @@ class Stages:
             policy=make_policy(cfg),
             started_ray=started,
             placement=placement,
+            checkpoint_root=Path(checkpoint_root),
         )
         st.await_started(cfg.reliability.startup_timeout_s)
+        try:
+            st.check_checkpoint_root()
+        except BaseException:
+            st.shutdown()
+            raise
         return st
+
+    def check_checkpoint_root(self) -> None:
+        """Refuse a checkpoint directory some learner worker cannot see (on another node,
+        not shared storage): every rank must read the token the driver writes there."""
+        import uuid
+
+        from opdflow.config import ConfigError
+
+        root, field = self.checkpoint_root, "reliability.checkpoint_dir"
+        shown = f"{field} = {self.cfg.reliability.checkpoint_dir!r}" + (
+            "" if self.cfg.reliability.checkpoint_dir else f" (the run directory's: {root})"
+        )
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            probe, token = root / f".visible-{uuid.uuid4().hex}", uuid.uuid4().hex
+            probe.write_text(token)
+        except OSError as exc:
+            raise ConfigError(f"{shown}: the driver cannot write there ({exc})") from exc
+        try:
+            ranks = ray.get(self.learner.sees.remote(str(probe), token))
+        finally:
+            probe.unlink(missing_ok=True)
+        blind = [r for r in ranks if not r["ok"]]
+        if blind:
+            raise ConfigError(
+                f"{shown}: learner worker(s) "
+                + ", ".join(f"rank {r['rank']} on node {r['node']}" for r in blind)
+                + f" cannot see it (the driver runs on {ray.util.get_node_ip_address()}); "
+                "every learner worker writes its checkpoint shards there: set it to storage "
+                "that the driver's node and every learner node mount at the same path (NFS, "
+                "Lustre, a mounted bucket), or place the learner on the driver's node"
+            )
 
     def actors(self) -> dict[str, Any]:
         """Every actor by stage name."""
@@ -238,10 +279,11 @@ class Stages:
 
     def checkpoint(self, run: RunDir, step: int, extra: dict[str, Any]) -> None:
         """Learner writes weights/optimizer/RNG into a staging dir; the driver commits it."""
-        staging = checkpoint.staging_dir(run.path, step)
+        root = self.checkpoint_root or checkpoint.checkpoints_dir(run.path)
+        staging = checkpoint.staging_dir(root, step)
         ray.get(self.learner.save_checkpoint.remote(str(staging)))
         state = {**extra, "policy": self.policy.state(), "metrics_rows": len(run.metrics)}
-        checkpoint.commit(run.path, staging, step, state, self.cfg.reliability.keep_checkpoints)
+        checkpoint.commit(root, staging, step, state, self.cfg.reliability.keep_checkpoints)
         run.event("checkpoint", step=step)
 
     def requests(self, step: int, attempt: int, version: int) -> list[GenerationRequest]:

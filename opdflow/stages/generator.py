@@ -40,11 +40,15 @@ class GeneratorWorker(StageActor):
         tokenizer_path: str | None = None,
     ):
         pin_threads(threads)
-        if kind == "vllm":
-            from opdflow.engines.vllm_engine import VLLMEngine as engine_cls
+        if kind == "vllm":  # vLLM places itself on the GPU Ray gave this actor
+            from opdflow.engines.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe)
         else:
-            from opdflow.engines.torch_engine import TorchEngine as engine_cls
-        self.engine = engine_cls(model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe)
+            from opdflow.device import stage_device
+            from opdflow.engines.torch_engine import TorchEngine
+
+            self.engine = TorchEngine(model_path, pad_id, eos_id, recipe, str(stage_device()))
         self.tok = None  # with a tokenizer, batches carry the 0/1 correctness reward
         if tokenizer_path is not None:
             from opdflow.tokenizer import load_tokenizer

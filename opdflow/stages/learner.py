@@ -1,8 +1,14 @@
-"""The learner: AdamW on the student with the OPD loss (or an RL baseline); publishes each version.
+"""The learner: AdamW on the student with the OPD loss (or an RL baseline), micro-batch by
+micro-batch, on its own device; no Ray here (stages/learner_actor.py wraps it).
 
-It keeps FP32 master weights, trains step n on a batch from version v <= n, and
-ray.put()s the BF16 weights of version n+1 as one flat buffer (see weights.py). It also
-measures staleness mismatch d_stale = mean(logp_rescore - logp_learner) before updating.
+It trains step n on a batch from version v <= n and measures staleness mismatch
+d_stale = mean(logp_rescore - logp_learner) on the way. Memory is set by a token budget:
+the step's responses are packed into micro-batches of at most `train.micro_batch_tokens`
+padded tokens, each one's loss normalised by the whole step's tokens, and gradients
+accumulate, so the update equals one full-batch step's. The student is one FP32 module
+for a single CPU worker, and FSDP2 shards (fsdp.py) for N workers or a GPU: bf16 compute,
+FP32 master weights and reductions, no rank ever holding the whole model or optimizer.
+Checkpoints are torch.distributed.checkpoint shards that reshard on resume (checkpoint.py).
 """
 
 from __future__ import annotations
@@ -10,135 +16,125 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 
-import ray
+import numpy as np
 import torch
 
-from opdflow.losses import LossOptions, policy_loss
+from opdflow import microbatch
+from opdflow.config import TrainConfig
+from opdflow.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
+from opdflow.fsdp import DistSpec
+from opdflow.losses import (
+    LossOptions,
+    advantage,
+    advantage_needs_learner,
+    importance_weight,
+    policy_loss,
+    token_loss,
+)
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import score_tokens
-from opdflow.stages import StageActor, pin_threads
-from opdflow.weights import pack
+from opdflow.weights import PackedWeights, allocate, tensor_view
 
 
-class Learner(StageActor):
-    """The trained student (a Ray actor)."""
+class Learner:
+    """The trained student: one rank of it (rank 0 of 1 when not data-parallel)."""
 
-    def __init__(self, model_path: str, threads: int, train: dict[str, Any], seed: int):
-        from opdflow.models import load_model
-
-        pin_threads(threads)
+    def __init__(
+        self,
+        model_path: str,
+        train: TrainConfig,
+        seed: int = 0,
+        *,
+        device: str | None = None,
+        dist: DistSpec | None = None,
+        shard: bool | None = None,
+    ):
+        """`dist` places this rank in a group of learners; `shard` forces FSDP2 on (e.g. at
+        world size 1) or off; by default it shards when data-parallel or on a GPU."""
+        self.device = stage_device(device)
+        self.rank, self.world = (dist.rank, dist.world) if dist else (0, 1)
+        self.sharded = (self.world > 1 or self.device.type == "cuda") if shard is None else shard
+        if self.world > 1 and not self.sharded:
+            raise ValueError("a data-parallel learner is sharded: shard=False needs world 1")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         torch.manual_seed(seed)
-        self.model = self._wrap(load_model(model_path, "float32").train())
+        self.train_cfg = train
+        if self.sharded:
+            from opdflow.fsdp import build_sharded, init_process_group
+
+            init_process_group(self.device, dist)
+            self.model = build_sharded(
+                model_path, self.device, self.world, self.compute_dtype,
+                train.activation_checkpointing,
+            )  # fmt: skip
+        else:
+            from opdflow.fsdp import enable_activation_checkpointing
+            from opdflow.models import load_model
+
+            self.model = load_model(model_path, "float32", str(self.device)).train()
+            if train.activation_checkpointing:
+                enable_activation_checkpointing(self.model)
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
-            lr=train["lr"],
-            weight_decay=train["weight_decay"],
+            lr=train.lr,
+            weight_decay=train.weight_decay,
             betas=(0.9, 0.999),
         )
-        self.train_cfg = train
         self.options = LossOptions(
-            train["advantage_from"], train["is_clip"], train["center_advantage"], train["loss"]
+            train.advantage_from, train.is_clip, train.center_advantage, train.loss
         )
         self.version = 0
-        self.trained_steps: list[
-            tuple[int, int]
-        ] = []  # (step, batch version): the learner's own record
+        self.trained_steps: list[tuple[int, int]] = []  # (step, batch version)
         self.bad_steps = 0
 
-    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model as trained (the data-parallel learner shards it here)."""
-        return model
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        choice = self.train_cfg.compute_dtype
+        if choice == "auto":
+            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        return getattr(torch, choice)
 
-    def _full_state(self) -> dict[str, torch.Tensor] | None:
-        """The full FP32 state dict to publish or save (None on ranks that do not publish)."""
-        return self.model.state_dict()
-
-    def _score(self, batch: RolloutBatch) -> tuple[torch.Tensor, float]:
-        """logp_learner_B_T of the whole batch (with grad) and its token-mean entropy."""
-        mask = torch.tensor(batch.response_mask_B_T)
-        scores = score_tokens(
-            self.model, batch, entropy=True, chunk_tokens=self.train_cfg["logit_chunk_tokens"]
-        )
-        # collapse signs for the RL baselines: entropy and length
-        entropy = float((scores.entropy_B_T * mask).sum() / mask.sum().clamp_min(1))
-        return scores.logp_B_T, entropy
-
-    def _update(self, loss: torch.Tensor) -> float:
-        """Backward, clip and AdamW step; returns the gradient norm before clipping."""
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        clip = self.train_cfg["grad_clip"]
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), clip if clip > 0 else float("inf")
-            )
-        )
-        self.opt.step()
-        return grad_norm
-
-    def publish(self) -> list:
-        """ray.put the current weights in BF16; returned boxed so the driver holds the ref."""
-        return self._publish()
-
-    def _publish(self) -> list:
-        t0 = time.perf_counter()
-        with self.span("publish", self.version - 1, self.version) as s:
-            full = self._full_state()
-            if full is None:
-                return [None, time.perf_counter() - t0]
-            state = {k: v.detach().to(torch.bfloat16) for k, v in full.items()}
-            packed = pack(state, self.version)
-            ref = ray.put(packed)
-            s["bytes"] = packed.nbytes
-        return [ref, time.perf_counter() - t0]
+    # ---------------------------------------------------------------- the step
 
     def train_step(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
+        """One update on `batch` (every rank calls it with the whole batch); its metrics."""
         if step != self.version:
             raise RuntimeError(
                 f"learner is at version {self.version} but was asked to train step {step}"
             )
-        t_epoch, t0 = time.time(), time.perf_counter()
-        mask = torch.tensor(batch.response_mask_B_T)
-        logp_learner, entropy = self._score(batch)
-        logp_teacher = torch.tensor(batch.logp_teacher_B_T)
-        logp_engine = torch.tensor(batch.logp_engine_B_T)
-        reward = None if batch.reward_B is None else torch.tensor(batch.reward_B)
-        if self.options.loss != "opd" and reward is None:
+        if self.options.loss != "opd" and batch.reward_B is None:
             raise RuntimeError(
                 f"train.loss={self.options.loss!r} needs a 0/1 reward per response, but the "
                 "batch has none: the prompts have no reference answers (an `answer` column)"
             )
-        loss, stats = policy_loss(
-            logp_learner,
-            logp_teacher,
-            mask,
-            logp_engine,
-            self.options,
-            reward,
-            torch.tensor(batch.prompt_index_B),
-        )
-        lp = logp_learner.detach().numpy()
-        d_stale = MismatchStats.of(batch.logp_rescore_B_T, lp, batch.response_mask_B_T)
-        d_total = MismatchStats.of(batch.logp_engine_B_T, lp, batch.response_mask_B_T)
-        d_engine = engine_mismatch(batch)
+        t0 = time.perf_counter()
+        reset_peak_memory(self.device)
+        self.opt.zero_grad(set_to_none=True)
+        logp_B_T, entropy_B_T = self.accumulate_gradients(batch)
+        stats = self._batch_stats(batch, logp_B_T)
         skipped = not math.isfinite(stats["loss"])
         grad_norm = float("nan")
         if skipped:
             self.bad_steps += 1
+            self.opt.zero_grad(set_to_none=True)
         else:
             for group in self.opt.param_groups:  # warm-up is a function of the step: resumable
-                group["lr"] = self.train_cfg["lr"] * min(
-                    1.0, (step + 1) / max(self.train_cfg["warmup_steps"], 1)
+                group["lr"] = self.train_cfg.lr * min(
+                    1.0, (step + 1) / max(self.train_cfg.warmup_steps, 1)
                 )
-            grad_norm = self._update(loss)
+            grad_norm = self._clip_and_step()
         self.version = step + 1
         self.trained_steps.append((step, batch.version))
-        train_s = time.perf_counter() - t0
-        self.add_span("learner", step, batch.version, t_epoch, train_s, batch.num_tokens)
-        weights = self._publish()
+        mask = batch.response_mask_B_T
+        d_stale = MismatchStats.of(batch.logp_rescore_B_T, logp_B_T, mask)
+        d_total = MismatchStats.of(batch.logp_engine_B_T, logp_B_T, mask)
+        d_engine = engine_mismatch(batch)
+        reward = batch.reward_B
         return {
             **stats,
             "grad_norm": grad_norm,
@@ -146,8 +142,8 @@ class Learner(StageActor):
             "bad_steps": self.bad_steps,
             "responses": batch.num_responses,
             "tokens": d_engine.tokens,
-            "train_reward": float("nan") if reward is None else float(reward.mean()),
-            "entropy": entropy,
+            "train_reward": float("nan") if reward is None else float(np.mean(reward)),
+            "entropy": float((entropy_B_T * mask).sum() / max(mask.sum(), 1)),
             "response_len": d_engine.tokens / max(batch.num_responses, 1),
             "d_engine_k1": d_engine.k1,
             "d_engine_k3": d_engine.k3,
@@ -156,36 +152,183 @@ class Learner(StageActor):
             "d_stale_k3": d_stale.k3,
             "d_total_k1": d_total.k1,
             "d_total_k3": d_total.k3,
-            "train_s": train_s,
+            "train_s": time.perf_counter() - t0,
             "gen_s": batch.gen_seconds,
             "tokens_per_s": d_engine.tokens / batch.gen_seconds
             if batch.gen_seconds
             else float("nan"),
-            "publish_s": weights[1],
-            "weights": weights[:1],
+            "micro_batches": len(self.micro_batches(batch)),
+            "learner_peak_mem_gb": self._max_over_ranks(peak_memory_gb(self.device)),
             "weights_bytes": int(sum(p.numel() for p in self.model.parameters()) * 2),
         }
 
-    def record(self) -> list[tuple[int, int]]:
-        return list(self.trained_steps)
+    def micro_batches(self, batch: RolloutBatch) -> list[np.ndarray]:
+        """The step's micro-batches (row indices), at least one per rank."""
+        if batch.num_responses < self.world:
+            raise RuntimeError(
+                f"a batch of {batch.num_responses} responses cannot be split over {self.world} "
+                "learner workers: lower resources.learner.workers or raise data.prompts_per_step"
+            )
+        return microbatch.of_batch(batch, self.train_cfg.micro_batch_tokens, self.world)
+
+    def accumulate_gradients(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward over this rank's micro-batches, gradients accumulated in the
+        parameters (summed over ranks by FSDP): those of the loss over the whole batch.
+        Returns the whole batch's detached logp_learner_B_T and entropy_B_T (host memory)."""
+        mine = microbatch.deal(self.micro_batches(batch), self.world)[self.rank]
+        tokens = float(max(batch.response_mask_B_T.sum(), 1))
+        adv_all = None  # the whole batch's advantage, where a micro-batch cannot make its own
+        if not advantage_needs_learner(self.options):
+            adv_all = self._advantage(batch, None)
+        elif self.options.center_advantage:  # the centre needs every token's logp first
+            with torch.no_grad():
+                adv_all = self._advantage(batch, self._scores(batch, mine, grad=False)[0])
+        return self._scores(batch, mine, grad=True, adv_all=adv_all, tokens=tokens)
+
+    def _scores(
+        self,
+        batch: RolloutBatch,
+        mine: list[np.ndarray | None],
+        grad: bool,
+        adv_all: torch.Tensor | None = None,
+        tokens: float = 1.0,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Score this rank's micro-batches (and, with grad, backward each one's loss); the
+        whole batch's logp and entropy, gathered from every rank."""
+        B, T = batch.response_ids_B_T.shape
+        logp = torch.zeros(B, T, device=self.device)
+        entropy = torch.zeros(B, T, device=self.device)
+        chunk = self.train_cfg.logit_chunk_tokens
+        for rows in mine:
+            mb = batch.select(rows if rows is not None else [0])  # None: a placeholder
+            with torch.set_grad_enabled(grad):
+                s = score_tokens(self.model, mb, entropy=True, chunk_tokens=chunk)
+                if grad:
+                    loss = self._loss(mb, rows, s.logp_B_T, adv_all, tokens)
+            if grad:
+                loss.backward()
+            if rows is not None:
+                width = mb.response_ids_B_T.shape[1]
+                index = torch.from_numpy(rows).to(self.device)
+                logp[index, :width] = s.logp_B_T.detach().float()
+                entropy[index, :width] = s.entropy_B_T.float()
+        if self.world > 1:  # each row was scored by one rank, zeros elsewhere: a sum gathers
+            torch.distributed.all_reduce(logp)
+            torch.distributed.all_reduce(entropy)
+        return to_host(logp), to_host(entropy)
+
+    def _loss(
+        self,
+        mb: RolloutBatch,
+        rows: np.ndarray | None,
+        logp_B_T: torch.Tensor,
+        adv_all: torch.Tensor | None,
+        tokens: float,
+    ) -> torch.Tensor:
+        """A micro-batch's share of the step's loss (0 for a placeholder)."""
+        if rows is None:
+            return logp_B_T.sum() * 0.0  # the collectives of a forward and backward, no gradient
+        width = logp_B_T.shape[1]
+
+        def on_device(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.tensor(a, device=self.device)
+
+        mask = on_device(mb.response_mask_B_T)
+        engine = on_device(mb.logp_engine_B_T)
+        if adv_all is not None:
+            adv = adv_all[torch.from_numpy(rows), :width].to(self.device)
+        else:
+            adv = advantage(logp_B_T, on_device(mb.logp_teacher_B_T), mask, engine, self.options)
+        weight = importance_weight(logp_B_T, engine, self.options)
+        return token_loss(logp_B_T, adv, mask, weight, tokens)
+
+    def _advantage(self, batch: RolloutBatch, logp_B_T: np.ndarray | None) -> torch.Tensor:
+        """The whole batch's advantage on the host (what a micro-batch cannot compute alone)."""
+
+        return advantage(
+            _host(logp_B_T), _host(batch.logp_teacher_B_T), _host(batch.response_mask_B_T),
+            _host(batch.logp_engine_B_T), self.options, _host(batch.reward_B),
+            _host(batch.prompt_index_B),
+        )  # fmt: skip
+
+    def _batch_stats(self, batch: RolloutBatch, logp_B_T: np.ndarray) -> dict[str, float]:
+        """loss and train_kl of the whole batch, from the learner's detached logp: the sum of
+        the micro-batches' losses."""
+
+        _, stats = policy_loss(
+            _host(logp_B_T), _host(batch.logp_teacher_B_T), _host(batch.response_mask_B_T),
+            _host(batch.logp_engine_B_T), self.options, _host(batch.reward_B),
+            _host(batch.prompt_index_B),
+        )  # fmt: skip
+        return stats
+
+    def _clip_and_step(self) -> float:
+        """Clip the gradient norm, AdamW step; returns the norm before clipping."""
+        clip = self.train_cfg.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), clip if clip > 0 else float("inf")
+        )
+        self.opt.step()
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def _max_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+
+    # ---------------------------------------------------------------- weights out
+
+    def bf16_weights(self) -> PackedWeights | None:
+        """The current weights in BF16 as one flat host buffer (rank 0; None on the others).
+
+        Each tensor is cast once on the device and copied once into its place in the
+        buffer; sharded tensors are all-gathered one at a time, in BF16, so no rank holds
+        more than one full tensor beyond its shards. Every rank must call this."""
+        from torch.distributed.tensor import DTensor
+
+        state = self.model.state_dict()
+        packed = None
+        if self.rank == 0:
+            entries = [(n, torch.bfloat16 if v.is_floating_point() else v.dtype, tuple(v.shape))
+                       for n, v in state.items()]  # fmt: skip
+            packed = allocate(entries, self.version)
+        for i, value in enumerate(state.values()):
+            value = value.detach()
+            if value.is_floating_point():
+                value = value.to(torch.bfloat16)
+            if isinstance(value, DTensor):
+                value = value.full_tensor()
+            if packed is not None:
+                tensor_view(packed, packed.specs[i]).copy_(value)
+        return packed
+
+    def parameter_count(self) -> int:
+        return int(sum(p.numel() for p in self.model.parameters()))
+
+    # ---------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, out_dir: str) -> None:
-        from pathlib import Path
-
+        """Every rank writes its shards (torch.distributed.checkpoint); rank 0 the counters."""
         from opdflow.checkpoint import save_learner
 
         save_learner(self.model, self.opt, Path(out_dir))
-        (Path(out_dir) / "learner.json").write_text(json.dumps(self._meta()))
+        if self.rank == 0:
+            (Path(out_dir) / "learner.json").write_text(json.dumps(self._meta()))
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
-        from pathlib import Path
-
+        """Every rank reads its shards, from a checkpoint of any number of workers."""
         from opdflow.checkpoint import load_learner
 
         load_learner(self.model, self.opt, Path(ckpt_dir))
-        self._restore_meta(
-            json.loads((Path(ckpt_dir) / "learner.json").read_text()), ckpt_dir, step
-        )
+        meta = json.loads((Path(ckpt_dir) / "learner.json").read_text())
+        if meta["version"] != step:
+            raise RuntimeError(
+                f"checkpoint {ckpt_dir} holds version {meta['version']}, expected {step}"
+            )
+        self.version, self.bad_steps = step, meta["bad_steps"]
+        self.trained_steps = [tuple(x) for x in meta["trained_steps"]]
 
     def _meta(self) -> dict[str, Any]:
         """learner.json: the learner's counters and its record of trained steps."""
@@ -193,12 +336,13 @@ class Learner(StageActor):
             "version": self.version,
             "bad_steps": self.bad_steps,
             "trained_steps": self.trained_steps,
+            "workers": self.world,
         }
 
-    def _restore_meta(self, meta: dict[str, Any], ckpt_dir: str, step: int) -> None:
-        if meta["version"] != step:
-            raise RuntimeError(
-                f"checkpoint {ckpt_dir} holds version {meta['version']}, expected {step}"
-            )
-        self.version, self.bad_steps = step, meta["bad_steps"]
-        self.trained_steps = [tuple(x) for x in meta["trained_steps"]]
+    def record(self) -> list[tuple[int, int]]:
+        return list(self.trained_steps)
+
+
+def _host(a: np.ndarray | None) -> torch.Tensor | None:
+    """A batch array as a CPU tensor (a copy: arrays from the object store are read-only)."""
+    return None if a is None else torch.tensor(a)

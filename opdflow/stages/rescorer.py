@@ -1,57 +1,71 @@
 """The rescorer: the BF16 student at the generator's version v scores the engine's tokens.
 
 logp_rescore - logp_engine on the very tokens the engine produced is the engine's own
-mismatch (d_engine), free of staleness; with full distributions it is exact.
+mismatch (d_engine), free of staleness; with full distributions it is exact. `Rescorer`
+computes on its device with no Ray; `RescorerActor` wraps it for the pipeline.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
+from opdflow.device import stage_device
 from opdflow.rollout import RolloutBatch, concat
-from opdflow.scoring import DEFAULT_CHUNK_TOKENS, score_tokens
-from opdflow.stages import VersionedModel, pin_threads
+from opdflow.scoring import DEFAULT_CHUNK_TOKENS, score_batch
+from opdflow.stages import StageActor, pin_threads
 
 
-class Rescorer(VersionedModel):
-    """BF16 student (a Ray actor) that follows the weights versions it is asked for."""
+class Rescorer:
+    """The BF16 student following the weights versions it is given."""
 
     def __init__(
         self,
         model_path: str,
-        threads: int,
         temperature: float = 1.0,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        micro_batch_tokens: int = 0,
+        device: str | None = None,
     ):
         from opdflow.models import load_model
 
-        pin_threads(threads)
-        self.model = load_model(model_path, "bfloat16")
+        self.device = stage_device(device)
+        self.model = load_model(model_path, "bfloat16", str(self.device))
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
+        self.micro_batch_tokens = micro_batch_tokens
         self.version = 0
 
-    @torch.no_grad()
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Copy a weights version into the model (host to device on a GPU)."""
+        self.model.load_state_dict(state, strict=True)
+        self.version = version
+
+    def rescore(self, batch: RolloutBatch) -> RolloutBatch:
+        """The batch with logp_rescore (and the exact engine KL where it carries the engine's
+        distributions, which are then dropped), micro-batch by micro-batch."""
+        scores = score_batch(
+            self.model, batch, self.micro_batch_tokens, self.temperature, self.chunk_tokens
+        )
+        return batch.replace(
+            logp_rescore_B_T=scores.logp_B_T,
+            kl_engine_exact_B_T=scores.kl_B_T,
+            logdist_engine_B_T_V=None,
+        )
+
+
+class RescorerActor(StageActor):
+    """The rescorer as a Ray actor: fetches versions from the object store, records spans."""
+
+    def __init__(self, model_path: str, threads: int, *args: Any):
+        pin_threads(threads)
+        self.stage = Rescorer(model_path, *args)
+
     def rescore(
         self, version: int, weights_box: list, *batches: RolloutBatch, step: int = -1
     ) -> RolloutBatch:
-        self._ensure_version(version, weights_box, step)
+        stage = self.stage
+        self.ensure_weights(version, stage.version, weights_box, step, stage.load_weights)
         with self.span("rescorer", step, version) as s:
             batch = concat(list(batches))
             s["tokens"] = batch.num_tokens
-            return self._rescore(batch)
-
-    def _rescore(self, batch: RolloutBatch) -> RolloutBatch:
-        scores = score_tokens(
-            self.model,
-            batch,
-            self.temperature,
-            ref_logdist_B_T_V=batch.logdist_engine_B_T_V,
-            chunk_tokens=self.chunk_tokens,
-        )
-        kl = None if scores.kl_B_T is None else scores.kl_B_T.numpy().astype("float32")
-        return batch.replace(
-            logp_rescore_B_T=scores.logp_B_T.numpy(),
-            kl_engine_exact_B_T=kl,
-            logdist_engine_B_T_V=None,
-        )
+            return stage.rescore(batch)

@@ -1,27 +1,51 @@
-"""The teacher scorer: a prefill that returns log p_T of the student's sampled tokens."""
+"""The teacher scorer: a prefill that returns log p_T of the student's sampled tokens.
+
+`TeacherScorer` computes on its device with no Ray; `TeacherActor` wraps it.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
+from opdflow.device import stage_device
 from opdflow.rollout import RolloutBatch
-from opdflow.scoring import DEFAULT_CHUNK_TOKENS, token_logprobs
+from opdflow.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.stages import StageActor, pin_threads
 
 
-class TeacherScorer(StageActor):
-    """The fixed teacher in BF16 (a Ray actor)."""
+class TeacherScorer:
+    """The fixed teacher in BF16."""
 
-    def __init__(self, model_path: str, threads: int, chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
+    def __init__(
+        self,
+        model_path: str,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        micro_batch_tokens: int = 0,
+        device: str | None = None,
+    ):
         from opdflow.models import load_model
 
-        pin_threads(threads)
-        self.model = load_model(model_path, "bfloat16")
+        self.device = stage_device(device)
+        self.model = load_model(model_path, "bfloat16", str(self.device))
         self.chunk_tokens = chunk_tokens
+        self.micro_batch_tokens = micro_batch_tokens
 
-    @torch.no_grad()
+    def score(self, batch: RolloutBatch) -> RolloutBatch:
+        """The batch with logp_teacher, micro-batch by micro-batch."""
+        scores = score_batch(
+            self.model, batch, self.micro_batch_tokens, chunk_tokens=self.chunk_tokens
+        )
+        return batch.replace(logp_teacher_B_T=scores.logp_B_T)
+
+
+class TeacherActor(StageActor):
+    """The teacher scorer as a Ray actor."""
+
+    def __init__(self, model_path: str, threads: int, *args: Any):
+        pin_threads(threads)
+        self.stage = TeacherScorer(model_path, *args)
+
     def score(self, batch: RolloutBatch, step: int = -1) -> RolloutBatch:
         with self.span("teacher", step, batch.version) as s:
             s["tokens"] = batch.num_tokens
-            logp, _ = token_logprobs(self.model, batch, chunk_tokens=self.chunk_tokens)
-        return batch.replace(logp_teacher_B_T=logp.numpy())
+            return self.stage.score(batch)

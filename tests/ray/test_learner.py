@@ -7,7 +7,7 @@ from opdflow.config import TrainConfig
 from opdflow.data import load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine
-from opdflow.stages.learner import Learner
+from opdflow.stages.learner_actor import LearnerActor
 from opdflow.weights import unpack
 
 
@@ -29,7 +29,7 @@ def test_a_nan_loss_is_skipped_and_reported_and_weights_stay(ray_local, tiny, to
         logp_rescore_B_T=batch.logp_engine_B_T,
         logp_teacher_B_T=np.full_like(batch.logp_engine_B_T, np.nan),
     )
-    learner = ray.remote(Learner).remote(str(tiny.student), 1, TrainConfig().__dict__, 0)
+    learner = ray.remote(LearnerActor).remote(str(tiny.student), 1, TrainConfig(), 0)
     before = unpack(ray.get(ray.get(learner.publish.remote())[0]))
     out = ray.get(learner.train_step.remote(0, bad))
     assert out["skipped"] is True

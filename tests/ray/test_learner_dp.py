@@ -1,17 +1,18 @@
-"""The data-parallel learner (2 CPU ranks, gloo, FSDP2) trains like one learner: same losses,
-metrics and FP32 weights within float tolerance, and checkpoints cross over 2 -> 1 and 1 -> 2;
-a batch with fewer responses than workers is an error naming the fix; a whole pipeline runs
-with two learner workers and resumes on one."""
+"""The data-parallel learner (2 CPU ranks, gloo, FSDP2, micro-batches) trains like one
+unsharded learner on the whole batch: same losses, metrics, FP32 weights and AdamW moments
+within float tolerance; its sharded checkpoints cross over 2 -> 1 and 1 -> 2; a batch with
+fewer responses than workers is an error naming the fix; a whole pipeline runs with two
+learner workers and resumes on one."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 import ray
 import torch
-from safetensors.torch import load_file
 
-from opdflow.checkpoint import Checkpoint
+from opdflow.checkpoint import Checkpoint, checkpoints_dir, read_state
 from opdflow.config import PipelineConfig, TrainConfig, apply_overrides
 from opdflow.controller import run_pipeline
 from opdflow.data import load_prompts
@@ -20,8 +21,7 @@ from opdflow.engines.torch_engine import TorchEngine
 from opdflow.models import load_model
 from opdflow.rundir import RunDir, read_table
 from opdflow.scoring import token_logprobs
-from opdflow.stages.dp_learner import DataParallelLearner, rows_of
-from opdflow.stages.learner import Learner
+from opdflow.stages.learner_actor import LearnerActor
 from opdflow.weights import unpack
 
 SAME = ("loss", "train_kl", "grad_norm", "entropy", "d_stale_k1", "d_stale_k3", "d_total_k1")
@@ -30,7 +30,7 @@ EXACT = ("tokens", "responses", "weights_bytes", "skipped", "d_engine_k1")
 
 @pytest.fixture(scope="module")
 def batch(tiny, tokenizer):
-    """9 responses (3 prompts x 3): the 2 ranks get 4 and 5 rows."""
+    """9 responses (3 prompts x 3)."""
     prompts = load_prompts(tiny.train, tokenizer, limit=3)
     engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)
     b = engine.generate(
@@ -43,18 +43,21 @@ def batch(tiny, tokenizer):
     return b.replace(logp_rescore_B_T=b.logp_engine_B_T, logp_teacher_B_T=teacher.numpy())
 
 
-TRAIN = {**TrainConfig().__dict__, "center_advantage": True}  # lr 1e-4
+# centring couples every token of the batch (the learner scores it whole before its update)
+WHOLE = TrainConfig(center_advantage=True, micro_batch_tokens=0)  # lr 1e-4
+# ~2 rows per micro-batch: 5 micro-batches, rank 1 runs a placeholder beside its two
+MICRO = dataclasses.replace(WHOLE, micro_batch_tokens=40)
 
 
 def _one(tiny):
-    return ray.remote(Learner).options(num_cpus=0.5).remote(str(tiny.student), 1, TRAIN, 0)
+    return ray.remote(LearnerActor).options(num_cpus=0.5).remote(str(tiny.student), 1, WHOLE, 0)
 
 
 def _two(tiny):
     return (
-        ray.remote(DataParallelLearner)
+        ray.remote(LearnerActor)
         .options(num_cpus=0.5)
-        .remote(str(tiny.student), 1, TRAIN, 0, 2, [{"num_cpus": 0.5}])
+        .remote(str(tiny.student), 1, MICRO, 0, 2, [{"num_cpus": 0.5}])
     )
 
 
@@ -70,28 +73,18 @@ def _assert_same_metrics(a, b):
 
 
 def _assert_same_checkpoint(a, b, atol):
-    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=atol, rtol=0, msg=k)
-    oa, ob = load_file(a / "optimizer.safetensors"), load_file(b / "optimizer.safetensors")
-    assert oa.keys() == ob.keys()
-    for k in oa:
-        if k != "rng":
-            torch.testing.assert_close(oa[k], ob[k], atol=atol, rtol=1e-5, msg=k)
-    pa = json.loads((a / "optimizer.json").read_text())["param_groups"]
-    pb = json.loads((b / "optimizer.json").read_text())["param_groups"]
-    assert pa == pb
-    assert json.loads((a / "learner.json").read_text()) == json.loads(
-        (b / "learner.json").read_text()
-    )
+    for prefix in ("model.", "optim.state."):  # FP32 weights; AdamW moments and step
+        ta, tb = read_state(a, prefix), read_state(b, prefix)
+        assert ta.keys() == tb.keys() and ta, prefix
+        for k in ta:
+            torch.testing.assert_close(ta[k], tb[k], atol=atol, rtol=1e-5, msg=k)
+    ja, jb = (json.loads((d / "learner.json").read_text()) for d in (a, b))
+    assert {**ja, "workers": 0} == {**jb, "workers": 0}
 
 
 def test_two_workers_train_like_one_and_checkpoints_cross_over(ray_local, tiny, batch, tmp_path):
     one, two = _one(tiny), _two(tiny)
     ckpt = {name: tmp_path / name for name in ("one2", "two2", "one3", "two3")}
-    for d in ckpt.values():
-        d.mkdir()
     runs = {}
     for name, learner in (("one", one), ("two", two)):
         out = _steps(learner, batch, [0, 1])
@@ -99,8 +92,11 @@ def test_two_workers_train_like_one_and_checkpoints_cross_over(ray_local, tiny, 
         out += _steps(learner, batch, [2])
         ray.get(learner.save_checkpoint.remote(str(ckpt[f"{name}3"])))
         runs[name] = out
+    assert [r["micro_batches"] for r in runs["one"]] == [1, 1, 1]
+    assert [r["micro_batches"] for r in runs["two"]] == [5, 5, 5]
     for a, b in zip(runs["one"], runs["two"]):
         _assert_same_metrics(a, b)
+        assert b["learner_peak_mem_gb"] > 0
     assert runs["one"][0]["loss"] != runs["one"][2]["loss"]  # the steps do move the weights
     _assert_same_checkpoint(ckpt["one2"], ckpt["two2"], atol=1e-5)
     _assert_same_checkpoint(ckpt["one3"], ckpt["two3"], atol=1e-5)
@@ -124,7 +120,7 @@ def test_two_workers_train_like_one_and_checkpoints_cross_over(ray_local, tiny, 
     _assert_same_metrics(again[0], runs["one"][2])
     assert ray.get(fresh.record.remote()) == [(0, 0), (1, 0), (2, 0), (3, 0)]
     with pytest.raises(ray.exceptions.RayTaskError, match=r"resources\.learner\.workers"):
-        ray.get(fresh.train_step.remote(4, rows_of(batch, 0, 1)))
+        ray.get(fresh.train_step.remote(4, batch.select([0])))
     ray.kill(fresh)
 
 
@@ -153,7 +149,7 @@ def test_a_pipeline_with_two_learner_workers_runs_and_resumes_on_one(ray_local, 
     assert [r["step"] for r in two] == [0, 1, 2]
     assert [s for s, _ in summary["trained_steps_record"]] == [0, 1, 2]
     assert all(math.isfinite(r["loss"]) and not r["skipped"] for r in two)
-    step2 = path / "checkpoints" / "step_000002"
+    step2 = checkpoints_dir(path) / "step_000002"
     resume = Checkpoint(step2, 2, json.loads((step2 / "state.json").read_text()))
     run_pipeline(cfg(1), RunDir.open(path), resume=resume)
     one = read_table(path / "metrics.parquet")

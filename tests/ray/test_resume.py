@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opdflow.checkpoint import load_latest
+from opdflow.checkpoint import checkpoints_dir, load_latest
 from opdflow.config import PipelineConfig, apply_overrides
 from opdflow.controller import run_pipeline
 from opdflow.rundir import RunDir, read_table
@@ -63,7 +63,7 @@ def _interrupted(cfg, path, stop_after):
     run = RunDir.create(cfg, path)
     with pytest.raises(StopRequested, match="resume with --resume"):
         run_pipeline(cfg, run, on_step=on_step)
-    ckpt = load_latest(path)
+    ckpt = load_latest(checkpoints_dir(path))
     assert ckpt is not None
     assert ckpt.step == stop_after + 1  # a clean stop checkpoints at the step boundary
     return run_pipeline(cfg, RunDir.open(path), resume=ckpt)
@@ -115,14 +115,14 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path, tiny):
     )
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        ckpt = load_latest(run_dir)
+        ckpt = load_latest(checkpoints_dir(run_dir))
         if ckpt is not None and ckpt.step >= 4:
             break
         time.sleep(0.5)
     assert proc.poll() is None, "the run ended before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray cluster it started
     proc.wait()
-    killed_at = load_latest(run_dir).step
+    killed_at = load_latest(checkpoints_dir(run_dir)).step
     assert killed_at < 16
     done = subprocess.run(
         [*args, "--resume", str(run_dir)], capture_output=True, text=True, timeout=900
