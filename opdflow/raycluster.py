@@ -39,12 +39,15 @@ def loopback_node() -> Iterator[None]:
     """While Ray starts a local node: LOOPBACK_ENV in the environment (the processes Ray
     spawns inherit it) and in Ray's constant (read at import, before this runs); both are
     restored afterwards, so joining a real cluster later in this process is unaffected."""
-    from ray._private import ray_constants
-
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a Ray laid out otherwise: the environment is all there is to set
+        ray_constants = None
     saved_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
     saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     os.environ.update(LOOPBACK_ENV)
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if saved_flag is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
