@@ -250,8 +250,13 @@ def _checkpoint_due(done: int, every: int, steps: int) -> bool:
 
 
 def summarize(run: RunDir, record: list, dropped: int) -> dict:
-    """Start/end held-out KL, throughput and mismatch over the run."""
+    """Start/end held-out KL and accuracy, throughput and mismatch over the run.
+
+    Accuracy is the share of held-out responses whose answer matches the reference, NaN
+    when the held-out prompts have no reference answers."""
     import numpy as np
+
+    from opdflow.data import heldout_has_answers
 
     m = run.metrics
     by_version = {}
@@ -260,6 +265,13 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
 
     def pooled(rows):
         return sum(r["kl_sum"] for r in rows) / max(1, sum(r["tokens"] for r in rows))
+
+    answers = heldout_has_answers(run.config().get("data", {}).get("heldout", "tiny"))
+
+    def accuracy(rows):  # every prompt has the same number of responses
+        acc = [r.get("accuracy") for r in rows]
+        ok = answers is not False and acc and all(a is not None for a in acc)
+        return float(np.mean(acc)) if ok else float("nan")
 
     first, last = min(by_version), max(by_version)
     kl0, kl1 = pooled(by_version[first]), pooled(by_version[last])
@@ -276,6 +288,8 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
         "heldout_kl_start": kl0,
         "heldout_kl_end": kl1,
         "heldout_kl_change": (kl1 - kl0) / kl0 if kl0 else float("nan"),
+        "heldout_accuracy_start": accuracy(by_version[first]),
+        "heldout_accuracy_end": accuracy(by_version[last]),
         "heldout_version_start": first,
         "heldout_version_end": last,
         "updates_per_hour": m[-1]["updates_per_hour"],

@@ -96,6 +96,23 @@ def load_prompts(
     return PromptSet(str(path), texts, answers, [list(r) for r in ids])
 
 
+def heldout_has_answers(heldout: str) -> bool | None:
+    """Whether a held-out prompt set (`data.heldout`) carries reference answers, so that
+    held-out accuracy means something: "tiny" always does; a parquet file does when it has
+    an `answer` or `reward_model` column. None when the file cannot be read here (a report
+    made on another machine than the run)."""
+    if heldout == "tiny":
+        return True
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(heldout).names
+    except (pa.ArrowInvalid, OSError):
+        return None
+    return "answer" in names or "reward_model" in names
+
+
 class PromptSampler:
     """Deterministic prompts per step: a seeded permutation walked in step order (epochs reshuffle)."""
 

@@ -1,13 +1,24 @@
 """Connecting to Ray: an embedded loopback cluster by default, a real one via RAY_ADDRESS.
 
 One code path from a laptop to a cluster: with no address, `ray.init` starts a local
-cluster bound to 127.0.0.1 with no dashboard; with RAY_ADDRESS (or inside a Ray job)
-it joins that cluster.
+cluster on 127.0.0.1 with no dashboard; with RAY_ADDRESS (or inside a Ray job) it joins
+that cluster.
+
+Why the embedded cluster needs LOOPBACK_ENV: `_node_ip_address="127.0.0.1"` alone is not
+enough. Ray 2.60's `ray.init` (and `ray start --node-ip-address 127.0.0.1`) replaces a
+loopback node address with the machine's interface address
+(`ray._private.services.resolve_ip_for_localhost`), and its GCS, raylet, object manager
+and core-worker gRPC servers bind to all interfaces for any node address but exactly
+127.0.0.1. Ray keeps the loopback address only when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is
+off (`ray_constants.ENABLE_RAY_CLUSTER`, read once at `import ray`); then every server
+binds 127.0.0.1 (tests/ray/test_loopback.py checks the bound sockets).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 QUIET_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
@@ -16,6 +27,37 @@ QUIET_ENV = {
     "HF_HUB_OFFLINE": "1",
 }
 """Environment of every actor: no progress bars or hub calls from transformers."""
+
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""Environment under which Ray keeps a local node on 127.0.0.1 (see the module docstring);
+`ray start --head --node-ip-address 127.0.0.1` needs it too."""
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """While Ray starts a local node: LOOPBACK_ENV in the environment (the processes Ray
+    spawns inherit it) and in Ray's constant (read at import, before this runs); both are
+    restored afterwards, so joining a real cluster later in this process is unaffected."""
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a Ray laid out otherwise: the environment is all there is to set
+        ray_constants = None
+    saved_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ.update(LOOPBACK_ENV)
+    if saved_flag is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if saved_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_flag
 
 
 def connect(num_cpus: float | None = None) -> bool:
@@ -31,13 +73,14 @@ def connect(num_cpus: float | None = None) -> bool:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=True)
         return False
     cpus = max(float(os.cpu_count() or 1), num_cpus or 0.0)
-    ray.init(
-        address="local",  # never attach to another cluster found on this machine
-        num_cpus=int(cpus + 0.999),
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        runtime_env=env,
-        log_to_driver=True,
-        configure_logging=False,
-    )
+    with loopback_node():
+        ray.init(
+            address="local",  # never attach to another cluster found on this machine
+            num_cpus=int(cpus + 0.999),
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            runtime_env=env,
+            log_to_driver=True,
+            configure_logging=False,
+        )
     return True

@@ -1,7 +1,8 @@
 """The report: PNG plots and one self-contained HTML page that compares runs.
 
 `write_report(paths, out)` reads run directories (or sweep directories holding several)
-and writes held-out KL vs step and vs wall time, mismatch (d_engine, d_stale) vs step,
+and writes held-out KL vs step and vs wall time, held-out accuracy vs step (when the
+held-out prompts have reference answers), mismatch (d_engine, d_stale) vs step,
 trainer wait vs step, the stage timeline (from spans.parquet when the profiler recorded
 spans), the sweep curve when the runs differ in staleness k, the admission table when an
 admission.json is present, and a plain-language bottleneck line per run. The page embeds
@@ -137,6 +138,23 @@ def heldout_curve(heldout: list[dict[str, Any]]) -> list[tuple[int, float]]:
         acc[0] += r["kl_sum"]
         acc[1] += r["tokens"]
     return [(v, s / max(t, 1.0)) for v, (s, t) in sorted(by_v.items())]
+
+
+def accuracy_curve(run: RunData) -> list[tuple[int, float]]:
+    """(version, held-out accuracy) per evaluated version; empty when the run's held-out
+    prompts have no reference answers (its accuracy would be a meaningless 0)."""
+    from opdflow.data import heldout_has_answers
+
+    answers = heldout_has_answers(run.config.get("data", {}).get("heldout", "tiny"))
+    acc = [r.get("accuracy") for r in run.heldout]
+    if answers is False or not acc or any(not _finite(a) for a in acc):
+        return []
+    if answers is None and not any(acc):  # the prompt file is not here: all-zero is no signal
+        return []
+    by_v: dict[int, list[float]] = {}
+    for r in run.heldout:
+        by_v.setdefault(int(r["version"]), []).append(float(r["accuracy"]))
+    return [(v, sum(a) / len(a)) for v, a in sorted(by_v.items())]
 
 
 def version_times(metrics: list[dict[str, Any]]) -> dict[int, float]:
@@ -293,6 +311,23 @@ def plot_heldout(runs: list[RunData], x: str) -> bytes:
     a.set_xlabel("learner step (weight version)" if x == "step" else "wall time (s)")
     a.set_ylabel("held-out KL (nats/token)")
     a.set_title("Held-out KL(student || teacher) vs " + ("step" if x == "step" else "wall time"))
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_accuracy(runs: list[RunData]) -> bytes:
+    """Held-out accuracy (share of responses with the reference answer) against step."""
+    fig, ax = _figure()
+    a = ax[0][0]
+    for r in runs:
+        pts = accuracy_curve(r)
+        if pts:
+            a.plot(*zip(*pts), marker="o", label=r.label)
+    a.set_xlabel("learner step (weight version)")
+    a.set_ylabel("held-out accuracy")
+    a.set_ylim(0, 1)
+    a.set_title("Held-out accuracy (answer matches the reference) vs step")
     a.grid(alpha=0.3)
     a.legend(fontsize=8)
     return _png(fig)
@@ -461,6 +496,7 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     for r in runs:
         sh = run_shares(r)
         curve = heldout_curve(r.heldout)
+        acc = accuracy_curve(r)
         rows.append(
             {
                 "run": r.name,
@@ -469,6 +505,8 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
                 "steps": len(r.metrics),
                 "held-out KL start": curve[0][1] if curve else float("nan"),
                 "held-out KL end": curve[-1][1] if curve else float("nan"),
+                "held-out accuracy start": acc[0][1] if acc else float("nan"),
+                "held-out accuracy end": acc[-1][1] if acc else float("nan"),
                 "updates/hour": r.metrics[-1].get("updates_per_hour", float("nan"))
                 if r.metrics
                 else float("nan"),
@@ -476,7 +514,10 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
                 "generator busy share": sh.generator_busy,
             }
         )
-    parts.append(_html_table(rows, list(rows[0])))
+    columns = list(rows[0])
+    if not any(accuracy_curve(r) for r in runs):
+        columns = [c for c in columns if not c.startswith("held-out accuracy")]
+    parts.append(_html_table(rows, columns))
     for r in runs:
         sh = run_shares(r)
         parts.append(
@@ -496,6 +537,11 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
         + add("heldout_kl_vs_time", plot_heldout(runs, "time"), "held-out KL vs wall time")
         + "</div>"
     )
+    if any(accuracy_curve(r) for r in runs):
+        parts.append("<h2>Held-out accuracy</h2>")
+        parts.append(
+            add("heldout_accuracy_vs_step", plot_accuracy(runs), "held-out accuracy vs step")
+        )
     parts.append("<h2>Mismatch</h2>")
     parts.append(add("mismatch", plot_mismatch(runs), "d_engine and d_stale vs step"))
     parts.append("<h2>Trainer wait</h2>")

@@ -5,6 +5,8 @@ E4M3 before it is appended, so attention (the prefill's included) always reads t
 stored low-precision states, as on an FP8-KV engine. Scale: per tensor, one for keys and
 one for values per layer, set from the amax of the first write (the prompt prefill) and
 then frozen like a calibrated static scale; later writes beyond +-448 * scale saturate.
+With `unit_scale` the scale is 1.0 throughout, as in vLLM's FP8 cache on a BF16 checkpoint
+(values beyond +-448 saturate, below 2^-6 lose precision); recipes.py says which is which.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from opdflow.engines.fakequant import fake_fp8, fp8_scale
 class FP8WriteLayer(DynamicLayer):
     """A DynamicLayer that fake-quantizes keys and/or values to E4M3 as they are written."""
 
-    def __init__(self, keys: bool = True, values: bool = True, **kwargs: Any):
+    def __init__(
+        self, keys: bool = True, values: bool = True, unit_scale: bool = False, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         self.quantize_keys, self.quantize_values = keys, values
-        self.key_scale: torch.Tensor | None = None
-        self.value_scale: torch.Tensor | None = None
+        unit = torch.tensor(1.0) if unit_scale else None
+        self.key_scale: torch.Tensor | None = unit
+        self.value_scale: torch.Tensor | None = unit
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -42,9 +47,14 @@ class FP8WriteLayer(DynamicLayer):
 
 
 def quantized_cache(
-    model_config: Any, layers: set[int], keys: bool = True, values: bool = True
+    model_config: Any,
+    layers: set[int],
+    keys: bool = True,
+    values: bool = True,
+    unit_scale: bool = False,
 ) -> DynamicCache:
-    """A DynamicCache for `model_config` whose `layers` write E4M3 keys and/or values."""
+    """A DynamicCache for `model_config` whose `layers` write E4M3 keys and/or values, scaled
+    from the prefill's amax or (unit_scale) by 1.0."""
     cache = DynamicCache(config=model_config)
     for i in sorted(layers):
         if type(cache.layers[i]) is not DynamicLayer:
@@ -52,5 +62,5 @@ def quantized_cache(
                 f"fp8_kv: layer {i} uses {type(cache.layers[i]).__name__}; only full-attention "
                 "DynamicLayer caches are quantized"
             )
-        cache.layers[i] = FP8WriteLayer(keys=keys, values=values)
+        cache.layers[i] = FP8WriteLayer(keys=keys, values=values, unit_scale=unit_scale)
     return cache

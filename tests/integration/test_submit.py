@@ -2,7 +2,10 @@
 
 The cluster is this test's own: `ray start --head --block` in its own process group, on
 free ports, with a private temp dir, stopped by killing that group (never `ray stop`,
-which would stop every Ray process on the machine).
+which would stop every Ray process on the machine). It runs without authentication, so
+it must be loopback only: `--node-ip-address 127.0.0.1` alone is not (Ray 2.60 replaces
+it with the interface address), raycluster.LOOPBACK_ENV makes it so, and a test reads the
+bound sockets of the group's processes to check.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from opdflow.cli import main
+from opdflow.raycluster import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / "pipelines" / "tiny_cpu.py:short_answers")
@@ -37,14 +41,15 @@ def _free_ports(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ray_head(tiny):
-    """Dashboard address of a private single-node cluster (2 CPUs) started with `ray start`."""
+def head(tiny):
+    """(dashboard address, `ray start` process) of a private single-node cluster (2 CPUs)."""
     ray_bin = Path(sys.executable).parent / "ray"
     temp_dir = tempfile.mkdtemp(prefix="odfsub", dir="/tmp")  # short: unix socket paths
     (gcs, dash, nm, om, client, agent_http, agent_grpc, renv, metrics) = _free_ports(9)
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
+        **LOOPBACK_ENV,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(ROOT),  # the job's driver and actors import this checkout's opdflow
         "OPDFLOW_CACHE": os.environ.get("OPDFLOW_CACHE", str(Path.home() / ".cache/opdflow")),
@@ -81,7 +86,7 @@ def ray_head(tiny):
                         "ray start failed:\n" + (Path(temp_dir) / "ray-start.log").read_text()
                     )
                 time.sleep(1)
-        yield address
+        yield address, proc
     finally:
         if saved_auth is None:  # never leak the test cluster's auth mode into later tests
             os.environ.pop("RAY_AUTH_MODE", None)
@@ -94,6 +99,29 @@ def ray_head(tiny):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def ray_head(head):
+    """Dashboard address of the private cluster."""
+    return head[0]
+
+
+def test_the_unauthenticated_test_cluster_is_loopback_only(head):
+    from sockets import is_loopback, sockets
+    from waiting import wait_until
+
+    # the dashboard answers before the raylet listens: wait for both servers to show
+    seen = {}
+
+    def servers_up() -> bool:
+        seen["listening"], seen["connected"] = sockets(head[1].pid)
+        return {"gcs_server", "raylet"} <= {name for name, _, _ in seen["listening"]}
+
+    wait_until(servers_up, 120, lambda: seen)
+    listening, connected = seen["listening"], seen["connected"]
+    assert not [s for s in listening if not is_loopback(s[1])], listening
+    assert not [s for s in connected if not is_loopback(s[1])], connected
 
 
 def _cli(args: list[str], **env: str):

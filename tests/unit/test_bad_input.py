@@ -256,3 +256,48 @@ def test_mlflow_defaults_to_sqlite_in_the_run_directory(tmp_path, monkeypatch):
     assert mlflow_tracking_uri(cfg, tmp_path) == "http://127.0.0.1:5000"
     cfg.log.mlflow_tracking_uri = "sqlite:////elsewhere/m.db"  # the config wins over the env
     assert mlflow_tracking_uri(cfg, tmp_path) == "sqlite:////elsewhere/m.db"
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [
+        ("0.10.2", False),
+        ("0.18.1", False),
+        ("0.19.0rc1", False),  # a release candidate comes before the release
+        ("not-a-version", False),
+        ("0.19.0", True),
+        ("0.32.0+cpu", True),
+        ("0.33.0", True),
+        ("1.0.0", True),
+    ],
+)
+def test_vllm_version_floor(version, ok):
+    from opdflow.engines.vllm_engine import VLLM_MIN, check_vllm_version
+
+    assert VLLM_MIN == "0.19.0"
+    if ok:
+        check_vllm_version(version)
+    else:
+        with pytest.raises(ConfigError, match=rf"needs vLLM >= 0\.19\.0 .*vLLM {version} is"):
+            check_vllm_version(version)
+
+
+def test_cli_run_refuses_an_old_or_missing_vllm_before_anything_starts(tmp_path, monkeypatch):
+    import opdflow.engines.vllm_engine as vllm_engine
+    import opdflow.raycluster
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(opdflow.raycluster, "connect", no_ray)
+    out_dir = tmp_path / "run"
+    args = ["run", "pipelines/tiny_cpu.py", "--set", "engine.kind=vllm", "--run-dir", str(out_dir)]
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.10.2")
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "engine.kind = 'vllm' needs vLLM >= 0.19.0" in result.output
+    assert "vLLM 0.10.2 is installed" in result.output
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: None)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "which is not installed here" in result.output
+    assert not out_dir.exists()

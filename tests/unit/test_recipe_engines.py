@@ -114,3 +114,26 @@ def test_recipe_through_the_engine_builds_the_quantizing_cache(tiny, tokenizer):
         "FP8WriteLayer",
     ]
     assert _engine(tiny, tokenizer, "fp8").recipe.make_cache(eng.model.config) is None
+
+
+@torch.no_grad()
+def test_fp8_kv_scale_is_the_prefill_amax_or_unit(tiny, tokenizer, inputs):
+    """fp8_kv: amax / 448 of the prefill, frozen; fp8_kv(scale=unit): 1.0, as vLLM does."""
+    from opdflow.engines.fakequant import E4M3_MAX
+
+    model = load_model(str(tiny.student))
+    scales = {}
+    for recipe in ("fp8_kv", "fp8_kv(scale=unit)"):
+        cache = _engine(tiny, tokenizer, recipe).recipe.make_cache(model.config)
+        out = model(input_ids=inputs[:, :-1], use_cache=True, cache=cache)
+        layer = cache.layers[2]
+        prefill_keys = layer.keys.clone()
+        model(input_ids=inputs[:, -1:], use_cache=True, cache=out.past_key_values)
+        scales[recipe] = float(layer.key_scale), float(layer.value_scale)
+        assert _on_grid(layer.keys, layer.key_scale) and _on_grid(layer.values, layer.value_scale)
+        if recipe == "fp8_kv":  # the stored prefill's largest key sits at the top of the grid
+            assert float(prefill_keys.abs().amax()) == pytest.approx(
+                E4M3_MAX * scales[recipe][0], rel=1e-2
+            )
+    assert scales["fp8_kv(scale=unit)"] == (1.0, 1.0)
+    assert all(0 < s < 0.5 for s in scales["fp8_kv"])  # tiny keys/values: |x| << 448

@@ -12,6 +12,8 @@ EXAMPLES = [
     "fp8_kv(kv_bf16_layers=[0])",
     "fp8_kv(keys_only=true)",
     "fp8_kv(values_only=true)",
+    "fp8_kv(scale=unit)",
+    "fp8_kv(scale=unit,kv_bf16_layers=[0])",
     "nvfp4",
     "nvfp4(activations=true)",
     "noise(0.15)",
@@ -54,6 +56,7 @@ def test_arguments_are_read_and_typed():
         ("fp8(bf16_layers=x)", "a list of layer indices"),
         ("fp8_kv(keys_only=1)", "true or false"),
         ("fp8_kv(keys_only=true, values_only=true)", "exclude each other"),
+        ("fp8_kv(scale=one)", "scale='one' is not allowed; expected amax or unit"),
         ("fp8(impl=cuda)", "auto or modelopt or torch"),
         ("", "empty"),
     ],
@@ -92,5 +95,9 @@ def test_vllm_mapping_in_one_place():
     assert kv["exact"]
     assert not vllm_options("fp8_kv(keys_only=true)", num_layers=3)["exact"]
     assert vllm_options("noise(0.1)")["weight_transform"] == "noise(sigma=0.1)"
+    # FP8 KV scales: the prefill's amax by default (VLLMEngine's hooks), vLLM's 1.0 on request
+    assert kv["kv_cache_scale"] == "amax" and parse_recipe("fp8_kv").text == "fp8_kv"
+    assert vllm_options("fp8_kv(scale=unit)")["kv_cache_scale"] == "unit"
+    assert vllm_options("fp8")["kv_cache_scale"] is None
     with pytest.raises(ConfigError, match="need num_layers"):
         vllm_options("fp8(bf16_layers=[0])")

@@ -8,6 +8,7 @@ from report_runs import make_run, make_sweep
 from opdflow.config import ConfigError
 from opdflow.profiler import union_seconds
 from opdflow.report import (
+    accuracy_curve,
     bottleneck,
     busy_shares,
     expand_run_dirs,
@@ -100,6 +101,7 @@ def test_page_sections(tmp_path):
     page = write_report([sweep], tmp_path / "out").read_text()
     for text in (
         "Held-out KL",
+        "Held-out accuracy",
         "Mismatch",
         "Trainer wait",
         "Stage timeline",
@@ -112,6 +114,7 @@ def test_page_sections(tmp_path):
     assert "http://" not in page and "https://" not in page  # nothing fetched when viewed
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
     assert pngs == [
+        "heldout_accuracy_vs_step.png",
         "heldout_kl_vs_step.png",
         "heldout_kl_vs_time.png",
         "mismatch.png",
@@ -133,3 +136,28 @@ def test_single_run_without_spans_or_admission(tmp_path):
 def test_not_a_run_directory(tmp_path):
     with pytest.raises(ConfigError, match="neither a run directory"):
         write_report([tmp_path])
+
+
+def test_accuracy_curve_plot_and_table_only_when_the_task_has_answers(tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = make_run(tmp_path, k=1, spans=False)
+    curve = accuracy_curve(load_run(run))
+    assert [v for v, _ in curve] == [0, 4, 8, 12]
+    assert curve[0][1] == pytest.approx(0.25) and curve[-1][1] == pytest.approx(0.85)
+    page = write_report([run], tmp_path / "with").read_text()
+    assert "<h2>Held-out accuracy</h2>" in page and "held-out accuracy end" in page
+    assert (tmp_path / "with" / "heldout_accuracy_vs_step.png").is_file()
+    # the same run on held-out prompts without reference answers: no accuracy anywhere
+    prompts = tmp_path / "no_answers.parquet"
+    pq.write_table(pa.table({"prompt": ["Q:1+2="]}), prompts)
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["data"]["heldout"] = str(prompts)
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert accuracy_curve(load_run(run)) == []
+    page = write_report([run], tmp_path / "without").read_text()
+    assert "held-out accuracy" not in page.lower()
+    assert not (tmp_path / "without" / "heldout_accuracy_vs_step.png").exists()
