@@ -376,6 +376,28 @@ class ReliabilityConfig:
 
 
 @dataclass
+class WeightsConfig:
+    """How each new weights version moves from the learner to the generators, the rescorer
+    and the evaluator. Either way a version is an ObjectRef the controller holds (at most
+    k + 2 live) and the learner's step waits only for its FP32 -> BF16 cast."""
+
+    transport: str = "auto"
+    """"object_store": the cast buffer is put in Ray's object store by a learner thread
+    while the next step trains; consumers load zero-copy views of it. "collective": the
+    learner keeps the version (on its GPU) and each consumer receives it on its own 2-rank
+    torch.distributed group with the learner (NCCL between GPUs, gloo on CPUs), so on GPUs
+    nothing goes through host memory. "auto": collective when the learner and every consumer
+    (generator, rescorer, evaluator) have a GPU, else object_store."""
+    timeout_s: float = 300.0
+    """collective: a consumer's pair setup or one version's receive that takes longer fails
+    its fetch (the stage's work then fails like any stage error)."""
+
+    def validate(self, path: str) -> None:
+        _one_of(f"{path}.transport", self.transport, ("auto", "object_store", "collective"))
+        _positive(f"{path}.timeout_s", self.timeout_s)
+
+
+@dataclass
 class StageResources:
     """Ray resources of one stage's actors."""
 
@@ -528,6 +550,8 @@ class PipelineConfig:
     """Fault handling and checkpoints."""
     log: LoggingConfig = field(default_factory=LoggingConfig)
     """Trackers fed once per step (metrics.parquet always; TensorBoard, W&B, MLflow on request)."""
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
+    """How weights versions reach the consumers (object store or a collective)."""
 
     def validate(self) -> PipelineConfig:
         if (
@@ -548,6 +572,15 @@ class PipelineConfig:
                 f">= data.max_prompt_tokens + engine.max_new_tokens = {row} (a response is "
                 "never split across micro-batches), or 0 for the whole batch in one forward",
             )
+        r = self.resources
+        consumers = {n: getattr(r, n).num_gpus for n in ("generator", "rescorer", "evaluator")}
+        if self.weights.transport == "collective" and r.learner.num_gpus > 0:
+            cpu = [n for n, g in consumers.items() if not g > 0]
+            if cpu:
+                _fail("weights.transport", "collective",
+                      f"'object_store' or 'auto': the learner has a GPU, so the collective is "
+                      f"NCCL, which needs every consumer on a GPU too ({', '.join(cpu)} "
+                      "have none)")  # fmt: skip
         if self.models.tiny.student == "carry_blind" and not self.data.task.worked:
             _fail("models.tiny.student", "carry_blind", "'checkpoint' unless data.task.worked=true")
         _check_types(self, "")

@@ -3,7 +3,7 @@
 ```
  prompts ──▶ GeneratorPool ──▶ Rescorer ──▶ TeacherScorer ──▶ Learner ──┐
              N engines at v     BF16 at v    logp_teacher      step n    │ version n+1
-             (recipe c)         logp_rescore                   AdamW     │ ray.put
+             (recipe c)         logp_rescore                   AdamW     │ publish
      ▲                                                                   │
      └──────────── WeightStore (versioned refs) ◀──────────────────────────┘
   bound: step n trains on a batch from version v only if n - v <= k (k = 0: synchronous)
@@ -167,6 +167,7 @@ def run_pipeline(
                 launch(next_launch)
                 next_launch += 1
 
+        run.event("weights", **st.transport_event())
         if first == 0:
             st.evaluate(0)
         launch_ready()
@@ -200,7 +201,8 @@ def run_pipeline(
                     out = ray.get(st.learner.train_step.remote(step, job.ref))
                 except RayError as exc:
                     raise diagnose(job.links, exc) from exc
-                store.publish(step + 1, out.pop("weights")[0])
+                ref, nbytes = out.pop("weights")
+                store.publish(step + 1, ref, nbytes)
                 step_s, uph, elapsed = clock.tick(step + 1)
                 staleness = step - job.version
                 obs = StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
@@ -214,7 +216,7 @@ def run_pipeline(
                                       f"(train.max_bad_steps={cfg.train.max_bad_steps})",
                                       "lower train.lr or check the models")  # fmt: skip
                 launch_ready()
-                store.release_below(min([p.version for p in pending.values()] + [store.latest]))
+                st.release_weights(min([p.version for p in pending.values()] + [store.latest]))
                 store.check_bound(max_live)  # a leaked version would fill the object store
                 if evaluated(step + 1):
                     st.evaluate(step + 1)
@@ -223,7 +225,7 @@ def run_pipeline(
                     **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
                     "dropped": dropped, "time_s": elapsed, "queue_depth": len(pending),
                     "live_weight_versions": len(store.live_versions()),
-                    "weight_bytes_live": store.bytes_live(),
+                    "weight_bytes_live": st.weight_bytes_live(),
                     "generator_replicas": st.pool.status()["ready"],
                 }  # fmt: skip
                 rows.push(row, st.collect_evals(run, wait=False))

@@ -1,12 +1,21 @@
-"""Weight versions in the object store: one flat buffer per version, refs kept by version.
+"""Weight versions: one flat buffer per version, the handle consumers resolve, the driver's refs.
 
-Torch tensors pickled through Ray are copied on every get; one flat numpy buffer is
-put once and read zero-copy by every engine (shared/ENVIRONMENT.md measured 200 MB:
-put 2.7 GB/s, get 0.35 ms). bfloat16 travels as its raw 16-bit pattern.
+A version's bytes are one flat buffer laid out by a manifest (name, dtype, shape, offset of
+each tensor), written once by the learner's FP32 -> BF16 cast and read in place by every
+consumer: `tensor_view` and `views` are zero-copy torch views of the buffer, and
+`load_module` copies them straight into a model's parameters (the only copy a consumer
+makes). Torch tensors pickled through Ray are copied on every get; a flat numpy buffer is
+read zero-copy (a 200 MB get took 0.35 ms here). bfloat16 travels as its raw 16-bit
+pattern. What the driver holds per version is an ObjectRef that resolves to a
+`WeightsHandle` (manifest plus where the bytes are: an inner object-store ref, or the
+learner to receive them from by a collective, transport.py); `WeightStore` keeps those refs
+by version, their bytes and the k + 2 bound.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +23,9 @@ import numpy as np
 
 if TYPE_CHECKING:
     from opdflow.config import StalenessConfig
+
+ALIGN = 64
+"""Each tensor starts on a 64-byte boundary (any dtype's view is aligned; vector copies too)."""
 
 
 @dataclass(frozen=True)
@@ -27,19 +39,46 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class PackedWeights:
-    """A state dict as one uint8 buffer plus a manifest; what the learner ray.put()s."""
+    """A state dict as one uint8 buffer plus a manifest; what the learner ray.put()s.
+
+    `buffer` is a numpy array in host memory (what the object store takes) or a torch uint8
+    tensor (a device buffer of the collective transport)."""
 
     version: int
     specs: tuple[TensorSpec, ...]
-    buffer: np.ndarray
+    buffer: Any
 
     @property
     def nbytes(self) -> int:
         return int(self.buffer.nbytes)
 
 
-def allocate(entries: list[tuple[str, Any, tuple[int, ...]]], version: int) -> PackedWeights:
-    """An uninitialised buffer laid out for (name, torch dtype, shape) entries, in order."""
+@dataclass(frozen=True)
+class WeightsHandle:
+    """What a published version's ObjectRef resolves to: its manifest and where its bytes are.
+
+    object_store: `ref` is the object holding the PackedWeights (sealed before this handle
+    exists). collective: the bytes stay with the learner; `source` is its actor handle,
+    `address` the rendezvous ("host:port" of its TCPStore) a consumer pairs with, `backend`
+    the pair's."""
+
+    version: int
+    transport: str
+    specs: tuple[TensorSpec, ...]
+    nbytes: int
+    ref: Any = None
+    source: Any = None
+    address: str | None = None
+    backend: str | None = None
+    """collective: "nccl" (the learner's buffer is on its GPU) or "gloo" (host memory)."""
+    timeout_s: float = 300.0
+    """collective: a pair setup or one version's receive that takes longer fails."""
+
+
+def layout(
+    entries: Iterable[tuple[str, Any, tuple[int, ...]]],
+) -> tuple[tuple[TensorSpec, ...], int]:
+    """Specs of (name, torch dtype, shape) entries laid out in order, and the buffer's size."""
     import torch
 
     specs, offset = [], 0
@@ -48,42 +87,228 @@ def allocate(entries: list[tuple[str, Any, tuple[int, ...]]], version: int) -> P
         specs.append(
             TensorSpec(name, str(dtype).removeprefix("torch."), tuple(shape), offset, nbytes)
         )
-        offset += nbytes
-    return PackedWeights(version, tuple(specs), np.empty(offset, dtype=np.uint8))
+        offset += -(-nbytes // ALIGN) * ALIGN
+    return tuple(specs), offset
+
+
+def allocate(
+    entries: list[tuple[str, Any, tuple[int, ...]]], version: int, buffer: Any = None
+) -> PackedWeights:
+    """A buffer laid out for (name, torch dtype, shape) entries, in order: `buffer` when
+    given (reused: its pages are already mapped), else a new uninitialised host buffer."""
+    specs, nbytes = layout(entries)
+    if buffer is None:
+        buffer = np.empty(nbytes, dtype=np.uint8)
+    elif buffer.nbytes != nbytes:
+        raise ValueError(f"a reused weights buffer holds {buffer.nbytes} bytes, not {nbytes}")
+    return PackedWeights(version, specs, buffer)
+
+
+def _as_torch(chunk: Any) -> Any:
+    """A torch uint8 tensor over `chunk` (a numpy slice, possibly read-only, or a tensor)."""
+    import torch
+
+    if isinstance(chunk, torch.Tensor):
+        return chunk
+    with warnings.catch_warnings():  # object-store buffers are read-only: views, never written
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return torch.from_numpy(chunk)
 
 
 def tensor_view(packed: PackedWeights, spec: TensorSpec) -> Any:
-    """A torch tensor viewing `spec`'s bytes of the buffer (writable before it is put)."""
+    """A torch tensor viewing `spec`'s bytes of the buffer (no copy; writable before a put)."""
     import torch
 
-    chunk = packed.buffer[spec.offset : spec.offset + spec.nbytes]
-    if spec.dtype == "bfloat16":
-        return torch.from_numpy(chunk.view(np.int16)).view(torch.bfloat16).reshape(spec.shape)
-    return torch.from_numpy(chunk.view(np.dtype(spec.dtype))).reshape(spec.shape)
+    raw = _as_torch(packed.buffer[spec.offset : spec.offset + spec.nbytes])
+    return raw.view(getattr(torch, spec.dtype)).reshape(spec.shape)
+
+
+class VersionViews(dict):
+    """A version's tensors as zero-copy views by name (a dict), with the packed version they
+    view, so `load_module` can copy the whole buffer at once into a module laid out like it."""
+
+    packed: PackedWeights
+
+
+def views(packed: PackedWeights) -> VersionViews:
+    """Every tensor of a version as a zero-copy view of its buffer, by name."""
+    out = VersionViews((spec.name, tensor_view(packed, spec)) for spec in packed.specs)
+    out.packed = packed
+    return out
+
+
+def bf16_entries(state: Mapping[str, Any]) -> list[tuple[str, Any, tuple[int, ...]]]:
+    """(name, dtype, shape) of each tensor as published: floating ones in BF16, in order."""
+    import torch
+
+    return [(n, torch.bfloat16 if v.is_floating_point() else v.dtype, tuple(v.shape))
+            for n, v in state.items()]  # fmt: skip
+
+
+def write_bf16(state: Mapping[str, Any], packed: PackedWeights | None) -> None:
+    """Cast a (FP32) state to BF16 straight into `packed`, laid out by `bf16_entries`: one
+    pass per tensor (copy_ casts as it writes), no other copy. None: take part without a
+    buffer (a data-parallel rank other than 0).
+
+    A tensor is cast where it lives and written wherever the buffer lives (same device: one
+    pass; a GPU tensor into a host buffer: the cast, then one copy). Sharded tensors
+    (DTensor) are all-gathered one at a time, in BF16, so no rank holds more than one full
+    tensor beyond its shards; every rank of their group must call this."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for i, value in enumerate(state.values()):
+            value = value.detach()
+            if isinstance(value, DTensor):
+                if value.is_floating_point():
+                    value = value.to(torch.bfloat16)
+                value = value.full_tensor()
+            if packed is not None:
+                tensor_view(packed, packed.specs[i]).copy_(value)
 
 
 def pack(state: dict[str, Any], version: int) -> PackedWeights:
-    """Copy a torch state dict into one contiguous buffer (dtype kept, bf16 as raw bits):
-    one copy per tensor, from wherever it lives (a GPU tensor lands in host memory)."""
+    """Copy a torch state dict into one contiguous host buffer (dtype kept, bf16 as raw bits):
+    one copy per tensor (tests and tools; the learner casts straight into its buffer)."""
     packed = allocate([(n, t.dtype, tuple(t.shape)) for n, t in state.items()], version)
     for spec, tensor in zip(packed.specs, state.values()):
         tensor_view(packed, spec).copy_(tensor.detach())
     return packed
 
 
-def unpack(packed: PackedWeights) -> dict[str, Any]:
-    """Tensors viewing the buffer (copy them into a model with load_state_dict)."""
+def load_module(module: Any, named: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+    """Copy named tensors into `module`'s parameters and buffers in place: the one copy a
+    consumer makes (host to device on a GPU). Strict: every state-dict name, shapes equal.
+
+    A whole version (`views`) goes into a module whose tensors live in one flat buffer laid
+    out like the version's (`FlatLayout`, set up at the first such load) as one copy of the
+    whole buffer: one memcpy, or one host-to-device transfer, instead of one per tensor
+    (per-tensor copies run ~1.7x slower here: large single copies stream past the cache).
+    Otherwise tensor by tensor: same dtype on CPU through numpy (glibc memcpy, ~1.7x faster
+    than torch's copy_ here), anything else (another dtype, a device) through torch. Tied
+    tensors (one storage under two names) are copied once."""
     import torch
 
-    out = {}
-    for spec in packed.specs:
-        chunk = packed.buffer[spec.offset : spec.offset + spec.nbytes]
-        if spec.dtype == "bfloat16":
-            t = torch.from_numpy(chunk.view(np.int16).copy()).view(torch.bfloat16)
-        else:
-            t = torch.from_numpy(chunk.view(np.dtype(spec.dtype)).copy())
-        out[spec.name] = t.reshape(spec.shape)
-    return out
+    packed = getattr(named, "packed", None)
+    if packed is not None and FlatLayout.load(module, packed):
+        return
+    targets = module.state_dict(keep_vars=True)
+    items = named.items() if isinstance(named, Mapping) else named
+    seen: set[str] = set()
+    done_ptrs: set[int] = set()
+    with torch.no_grad():
+        for name, src in items:
+            dst = targets.get(name)
+            if dst is None:
+                raise KeyError(f"weights carry {name!r}, which the model does not have")
+            if tuple(dst.shape) != tuple(src.shape):
+                raise ValueError(
+                    f"{name}: model shape {tuple(dst.shape)}, weights {tuple(src.shape)}"
+                )
+            seen.add(name)
+            dst = dst.detach()
+            if dst.data_ptr() in done_ptrs:
+                continue
+            done_ptrs.add(dst.data_ptr())
+            _copy(dst, src)
+    missing = sorted(set(targets) - seen)
+    if missing:
+        raise KeyError(f"weights lack {len(missing)} of the model's tensors: {missing[:5]}")
+
+
+def _copy(dst: Any, src: Any) -> None:
+    if (dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype
+            and dst.is_contiguous() and src.is_contiguous()):  # fmt: skip
+        np.copyto(_numpy_bits(dst), _numpy_bits(src))
+    else:
+        dst.copy_(src)
+
+
+class FlatLayout:
+    """A module's tensors re-homed into one flat buffer laid out like a published version.
+
+    Set up at a module's first whole-version load when every tensor's dtype matches the
+    version's (a BF16 engine model; not one that computes in float32): each parameter's
+    data (and each buffer) becomes a view of the flat buffer at its spec's offset, so every
+    later version loads with one copy of the whole buffer. Tied tensors view the first of
+    their names (the other names' bytes are copied but unused). A module whose tensors were
+    re-pointed since (a transform assigning new storage) falls back to per-tensor loads."""
+
+    def __init__(self, specs: tuple[TensorSpec, ...], buffer: Any, ptrs: dict[str, int]):
+        self.specs = specs
+        self.buffer = buffer
+        self.ptrs = ptrs
+
+    @classmethod
+    def load(cls, module: Any, packed: PackedWeights) -> bool:
+        """Load `packed` into `module` with one copy if it is (or can be) laid out like it."""
+        import torch
+
+        flat = module.__dict__.get("_opdflow_flat")
+        if flat is None or flat.specs != packed.specs or not flat.intact(module):
+            flat = cls.adopt(module, packed.specs)
+            if flat is None:
+                return False
+            module.__dict__["_opdflow_flat"] = flat
+        with torch.no_grad():
+            _copy(flat.buffer, _as_torch(packed.buffer))
+        return True
+
+    @classmethod
+    def adopt(cls, module: Any, specs: tuple[TensorSpec, ...]) -> FlatLayout | None:
+        """Re-home `module`'s tensors into a new flat buffer laid out by `specs` (their
+        values are kept); None when the names, dtypes or shapes do not match."""
+        import torch
+
+        targets = module.state_dict(keep_vars=True)
+        if set(targets) != {s.name for s in specs}:
+            return None
+        for s in specs:
+            t = targets[s.name]
+            if str(t.dtype).removeprefix("torch.") != s.dtype or tuple(t.shape) != s.shape:
+                return None
+        device = next(iter(targets.values())).device
+        if any(t.device != device for t in targets.values()):
+            return None
+        end = max(s.offset + s.nbytes for s in specs)
+        buffer = torch.empty(end, dtype=torch.uint8, device=device)
+        packed = PackedWeights(-1, specs, buffer)
+        homed: dict[int, Any] = {}  # id of a tensor already re-homed (tied) -> its view
+        with torch.no_grad():
+            for s in specs:
+                t = targets[s.name]
+                view = tensor_view(packed, s)
+                if id(t) in homed:
+                    view.copy_(homed[id(t)])
+                    continue
+                view.copy_(t)
+                homed[id(t)] = view
+                owner, _, attr = s.name.rpartition(".")
+                sub = module.get_submodule(owner) if owner else module
+                if isinstance(t, torch.nn.Parameter):
+                    t.data = view
+                else:
+                    sub._buffers[attr] = view
+        after = module.state_dict(keep_vars=True)
+        return cls(specs, buffer, {n: after[n].data_ptr() for n in after})
+
+    def intact(self, module: Any) -> bool:
+        """Whether every tensor still views the flat buffer where it was put."""
+        now = module.state_dict(keep_vars=True)
+        return now.keys() == self.ptrs.keys() and all(
+            now[n].data_ptr() == p for n, p in self.ptrs.items()
+        )
+
+
+def _numpy_bits(t: Any) -> np.ndarray:
+    """A CPU tensor's bytes as a numpy array of the same width (bf16 as int16)."""
+    import torch
+
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return t.view(width).numpy()
 
 
 def object_nbytes(ref: Any) -> int:
@@ -105,9 +330,10 @@ def live_bound(staleness: StalenessConfig) -> int:
 class WeightStore:
     """Versioned ObjectRefs held by the driver; dropping a ref lets Ray free the version.
 
-    It also keeps each version's size in the object store, so a run reports the bytes its
-    live versions pin (`bytes_live`) and their peak, and `check_bound` turns a version
-    that is never released (which would fill the object store) into an error.
+    It also keeps each version's bytes (where they live depends on the transport: the
+    object store, or the learner holding them for the collective), so a run reports the
+    bytes its live versions pin (`bytes_live`) and their peak, and `check_bound` turns a
+    version that is never released (which would fill memory) into an error.
     """
 
     def __init__(self) -> None:
@@ -144,7 +370,7 @@ class WeightStore:
         return sorted(self._refs)
 
     def bytes_live(self) -> int:
-        """Object-store bytes of the versions held (each version's packed size)."""
+        """Bytes of the versions held (each version's buffer size)."""
         return sum(self._nbytes.values())
 
     def check_bound(self, max_versions: int) -> None:
@@ -152,7 +378,7 @@ class WeightStore:
         if len(self._refs) > max_versions:
             raise RuntimeError(
                 f"{len(self._refs)} weight versions are held ({self.live_versions()}, "
-                f"{self.bytes_live() / 2**20:.1f} MiB in the object store) but at most "
+                f"{self.bytes_live() / 2**20:.1f} MiB) but at most "
                 f"{max_versions} may be live at this staleness bound: a version is not being "
-                "released (WeightStore.release_below), and the object store would fill"
+                "released (WeightStore.release_below), and memory would fill"
             )

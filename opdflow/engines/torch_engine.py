@@ -62,8 +62,11 @@ class TorchEngine:
         self.recipe.transform_weights(self.model)
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
-        """Copy a weights version in place, then re-apply the recipe's weight transform."""
-        self.model.load_state_dict(state, strict=True)
+        """Copy a weights version in place (zero-copy views in: the only copy), then re-apply
+        the recipe's weight transform."""
+        from opdflow.weights import load_module
+
+        load_module(self.model, state)
         self.recipe.transform_weights(self.model)
         self.version = version
 

@@ -3,8 +3,10 @@
 Same contract as TorchEngine: token ids plus the log-probability of each sampled token
 under the distribution actually sampled from (vLLM's `processed_logprobs`: after
 temperature and top-p), the full next-token log-distribution on request (small
-vocabularies), and weights updated in place from the object store through a vLLM worker
-extension (`reload_weights`), so a new version costs milliseconds, not an engine restart.
+vocabularies), and weights updated in place through a vLLM worker extension
+(`reload_weights`, from zero-copy views of the object-store buffer, or of a buffer each
+worker receives on its own collective pair with the learner), so a new version costs
+milliseconds, not an engine restart.
 The same extension gives `fp8_kv` the emulation's KV scales (amax of each prefill, see
 recipes.py), which vLLM has no option for; `fp8_kv(scale=unit)` is vLLM's own FP8 cache.
 
@@ -132,6 +134,29 @@ class WorkerExtension:
     def opdflow_reload(self, named_tensors: list[tuple[str, Any]]) -> None:
         self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
 
+    def opdflow_pair_owner(self) -> str:
+        """This worker's id as one end of a collective weights pair (transport.py)."""
+        from opdflow.transport import process_id
+
+        return process_id()
+
+    def opdflow_join(
+        self, address: str, keys: dict[str, str], backend: str, timeout_s: float, host: str
+    ) -> None:
+        """Open this worker's pair with the learner (on its own device for NCCL)."""
+        from opdflow.transport import PairEnd, process_id
+
+        device = getattr(self, "device", "cpu")
+        key = keys[process_id()]
+        self.opdflow_end = PairEnd(address, key, backend, device, timeout_s, host)
+
+    def opdflow_receive(self, version: int, specs: tuple, nbytes: int) -> None:
+        """Receive a version on this worker's pair and reload from views of its buffer."""
+        from opdflow.weights import views
+
+        packed = self.opdflow_end.receive(version, specs, nbytes)
+        self.opdflow_reload(list(views(packed).items()))
+
     def opdflow_install_kv_amax(self) -> int:
         """Pre-hooks on the FP8 attention layers: while armed, a layer's first forward sets
         its k/v scales to amax / 448 of the keys/values it is about to write (the prefill),
@@ -220,6 +245,24 @@ class VLLMEngine:
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version into the running engine (no restart, no new KV cache)."""
         self.llm.collective_rpc("opdflow_reload", args=(list(state.items()),))
+        self.version = version
+
+    # A collective weights version is received by each vLLM worker on its own pair with the
+    # learner (transport.Receiver), into a buffer on its device, then reloaded from views.
+
+    def pair_owners(self) -> list[str]:
+        return list(self.llm.collective_rpc("opdflow_pair_owner"))
+
+    def join(self, address: str, keys: list[str], backend: str, timeout_s: float) -> None:
+        from opdflow.transport import node_ip
+
+        by_owner = dict(zip(self.pair_owners(), keys))
+        self.llm.collective_rpc(
+            "opdflow_join", args=(address, by_owner, backend, timeout_s, node_ip())
+        )
+
+    def receive(self, version: int, specs: tuple, nbytes: int) -> None:
+        self.llm.collective_rpc("opdflow_receive", args=(version, specs, nbytes))
         self.version = version
 
     def generate(self, request: GenerationRequest) -> RolloutBatch:

@@ -64,17 +64,33 @@ class StageActor(SpanRecorder):
         weights_box: list,
         step: int,
         load: Callable[[dict, int], None],
+        device: Any = None,
+        receiver: Any = None,
     ) -> None:
-        """Unless `current` is already `version`, fetch that weights version from the object
-        store and `load(state, version)` it, timed as a "fetch" span. The ref arrives boxed in
-        a list so Ray passes it unresolved: nothing is fetched when the version is current."""
+        """Unless `current` is already `version`, get that weights version into the model,
+        timed as a "fetch" span. The ref arrives boxed in a list so Ray passes it unresolved:
+        nothing is fetched when the version is current. It resolves to the version's handle
+        once the version is complete; then `load(views, version)` copies zero-copy views of
+        the object-store buffer into the model, or (collective) the version is received on
+        this actor's pair with the learner, into a buffer on `device`, by `receiver`
+        (default: here, then `load`)."""
         if version == current:
             return
         import ray
 
-        from opdflow.weights import unpack
+        from opdflow.transport import Fetcher, LocalReceiver
 
+        fetcher = self.__dict__.setdefault("_fetcher", Fetcher())
         with self.span("fetch", step, version) as s:
-            packed = ray.get(weights_box[0])
-            load(unpack(packed), version)
-            s["bytes"] = packed.nbytes
+            handle = ray.get(weights_box[0])
+            if handle.transport == "collective" and receiver is None:
+                receiver = self.__dict__.get("_receiver")
+                if receiver is None or receiver.load != load:
+                    receiver = self.__dict__["_receiver"] = LocalReceiver(load, device)
+            fetcher.fetch(handle, load, receiver)
+            s["bytes"] = handle.nbytes
+        self.__dict__["weights_transport"] = handle.transport
+
+    def transport_used(self) -> str | None:
+        """The transport this actor's last fetch went by (None before any)."""
+        return self.__dict__.get("weights_transport")

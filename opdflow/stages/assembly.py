@@ -41,7 +41,7 @@ def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
     """The learner actor: rank 0 of resources.learner.workers ranks; it starts the other
     N - 1 with these options (each placed where the placement puts a learner)."""
-    from opdflow.stages.learner_actor import LearnerActor
+    from opdflow.stages.learner_actor import learner_class
 
     res = cfg.resources.learner
     peers = []
@@ -50,17 +50,27 @@ def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any
         if (where := placement.scheduling("learner")) is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
-    args = (student, res.torch_threads, cfg.train, cfg.seed, res.workers, peers)
-    return _actor(LearnerActor, res, 0, *args, scheduling=placement.scheduling("learner"))
+    args = (student, res.torch_threads, cfg.train, cfg.seed, res.workers, peers, 0, None,
+            weights_transport(cfg), cfg.weights.timeout_s)  # fmt: skip
+    return _actor(learner_class(), res, 0, *args, scheduling=placement.scheduling("learner"))
 
 
-def _actor(
-    cls: type, res: StageResources, restarts: int, *args: Any, scheduling: Any = None
-) -> Any:
+def weights_transport(cfg: PipelineConfig) -> str:
+    """The transport weights.transport resolves to for this run's resources."""
+    from opdflow.transport import resolve
+
+    r = cfg.resources
+    consumers = (r.generator.num_gpus, r.rescorer.num_gpus, r.evaluator.num_gpus)
+    return resolve(cfg.weights.transport, r.learner.num_gpus, consumers)
+
+
+def _actor(cls: Any, res: StageResources, restarts: int, *args: Any, scheduling: Any = None) -> Any:
+    """An actor of `cls` (a plain class, or one already wrapped by ray.remote)."""
     opts = actor_options(res, max_restarts=restarts)
     if scheduling is not None:
         opts["scheduling_strategy"] = scheduling
-    return ray.remote(cls).options(**opts).remote(*args)
+    remote = cls if hasattr(cls, "remote") else ray.remote(cls)
+    return remote.options(**opts).remote(*args)
 
 
 @dataclass
@@ -80,6 +90,11 @@ class Stages:
     policy: StalenessPolicy
     store: WeightStore = field(default_factory=WeightStore)
     evals: dict[int, Any] = field(default_factory=dict)
+    transport: str = "object_store"
+    """What weights.transport resolved to (weights_transport)."""
+    learner_held: dict[str, Any] | None = None
+    """collective: what the learner held after the last release (LearnerActor.held) and
+    the versions it was told were still needed then ("needed")."""
     started_ray: bool = False
     placement: Placement | None = None
     checkpoint_root: Path | None = None
@@ -189,6 +204,7 @@ class Stages:
             sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg),
+            transport=weights_transport(cfg),
             started_ray=started,
             placement=placement,
             checkpoint_root=Path(checkpoint_root),
@@ -274,8 +290,39 @@ class Stages:
             self.policy.load_state(resume.state["policy"])
             run.truncate(resume.step)
             step = resume.step
-        self.store.publish(step, ray.get(self.learner.publish.remote())[0])
+        ref, nbytes = ray.get(self.learner.publish.remote())
+        self.store.publish(step, ref, nbytes)
         return step
+
+    def release_weights(self, oldest_needed: int) -> None:
+        """Forget versions older than `oldest_needed`; with the collective transport the
+        learner then keeps only the live ones and those a pending evaluation will load."""
+        self.store.release_below(oldest_needed)
+        if self.transport == "collective":  # a round trip to a learner thread: ~1 ms
+            needed = sorted(set(self.store.live_versions()) | set(self.evals))
+            held = ray.get(self.learner.retain.remote(needed, self.store.latest))
+            self.learner_held = {**held, "needed": needed}
+
+    def weight_bytes_live(self) -> int:
+        """Bytes the live versions pin: their object-store copies, or (collective) the
+        buffers the learner holds for consumers that may still load them (as of the last
+        release: live versions, a version a pending evaluation has yet to load, one being
+        sent)."""
+        if self.transport == "collective" and self.learner_held is not None:
+            return int(self.learner_held["bytes"])
+        return self.store.bytes_live()
+
+    def transport_event(self) -> dict[str, Any]:
+        """Which transport (and collective backend) each consumer's fetches use."""
+        from opdflow.transport import backend_of
+
+        r, how = self.cfg.resources, self.transport
+        if how == "collective":
+            how = f"collective/{backend_of('cuda' if r.learner.num_gpus > 0 else 'cpu')}"
+        via = {"generator": how if self.cfg.engine.kind != "vllm" or how == "object_store"
+               else f"{how} (vLLM worker extension)"}  # fmt: skip
+        return {"transport": self.transport, "requested": self.cfg.weights.transport,
+                **via, "rescorer": how, "evaluator": how}  # fmt: skip
 
     def checkpoint(self, run: RunDir, step: int, extra: dict[str, Any]) -> None:
         """Learner writes weights/optimizer/RNG into a staging dir; the driver commits it."""

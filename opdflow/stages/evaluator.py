@@ -119,7 +119,9 @@ class EvaluatorActor(StageActor):
         seed: int,
     ) -> dict:
         stage = self.stage
-        self.ensure_weights(version, stage.version, weights_box, -1, stage.load_weights)
+        self.ensure_weights(
+            version, stage.version, weights_box, -1, stage.load_weights, stage.device
+        )
         with self.span("evaluator", -1, version) as s:
             out = stage.heldout(prompt_ids, answers, n, max_new_tokens, seed)
             s["tokens"] = int(sum(out["tokens_P"]))

@@ -58,8 +58,7 @@ class GeneratorWorker(StageActor):
     def generate(
         self, request: GenerationRequest, weights_box: list, step: int = -1
     ) -> RolloutBatch:
-        engine = self.engine
-        self.ensure_weights(request.version, engine.version, weights_box, step, engine.load_weights)
+        self._ensure(request.version, weights_box, step)
         with self.span("generator", step, request.version) as s:
             batch = self.engine.generate(request)
             s["tokens"] = batch.num_tokens
@@ -79,8 +78,16 @@ class GeneratorWorker(StageActor):
 
     def load(self, version: int, weights_box: list) -> int:
         """Fetch a weights version now (a new replica joining); returns the loaded version."""
-        self.ensure_weights(version, self.engine.version, weights_box, -1, self.engine.load_weights)
+        self._ensure(version, weights_box, -1)
         return self.engine.version
+
+    def _ensure(self, version: int, weights_box: list, step: int) -> None:
+        """The engine at `version`: vLLM receives a collective version in its own workers
+        (its worker extension), the torch engine here."""
+        engine = self.engine
+        receiver = engine if hasattr(engine, "pair_owners") else None
+        self.ensure_weights(version, engine.version, weights_box, step, engine.load_weights,
+                            getattr(engine, "device", None), receiver)  # fmt: skip
 
     def ping(self) -> bool:
         return True

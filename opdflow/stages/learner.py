@@ -37,7 +37,7 @@ from opdflow.losses import (
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import score_tokens
-from opdflow.weights import PackedWeights, allocate, tensor_view
+from opdflow.weights import PackedWeights, allocate, bf16_entries, write_bf16
 
 
 class Learner:
@@ -280,28 +280,21 @@ class Learner:
 
     # ---------------------------------------------------------------- weights out
 
+    def bf16_entries(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(name, dtype, shape) of each published tensor: floating ones in BF16, in order."""
+        return bf16_entries(self.model.state_dict())
+
+    def write_bf16(self, packed: PackedWeights | None) -> None:
+        """Cast the current weights to BF16 straight into `packed` (rank 0's buffer, laid
+        out by `bf16_entries`; None on the other ranks): weights.write_bf16. Every rank must
+        call this (sharded tensors are gathered one at a time)."""
+        write_bf16(self.model.state_dict(), packed)
+
     def bf16_weights(self) -> PackedWeights | None:
-        """The current weights in BF16 as one flat host buffer (rank 0; None on the others).
-
-        Each tensor is cast once on the device and copied once into its place in the
-        buffer; sharded tensors are all-gathered one at a time, in BF16, so no rank holds
-        more than one full tensor beyond its shards. Every rank must call this."""
-        from torch.distributed.tensor import DTensor
-
-        state = self.model.state_dict()
-        packed = None
-        if self.rank == 0:
-            entries = [(n, torch.bfloat16 if v.is_floating_point() else v.dtype, tuple(v.shape))
-                       for n, v in state.items()]  # fmt: skip
-            packed = allocate(entries, self.version)
-        for i, value in enumerate(state.values()):
-            value = value.detach()
-            if value.is_floating_point():
-                value = value.to(torch.bfloat16)
-            if isinstance(value, DTensor):
-                value = value.full_tensor()
-            if packed is not None:
-                tensor_view(packed, packed.specs[i]).copy_(value)
+        """The current weights in BF16 in a new host buffer (rank 0; None on the others);
+        every rank must call this. The learner actor reuses its buffers (transport.py)."""
+        packed = allocate(self.bf16_entries(), self.version) if self.rank == 0 else None
+        self.write_bf16(packed)
         return packed
 
     def parameter_count(self) -> int:

@@ -5,8 +5,12 @@ GPUs; they may span nodes) in one torch.distributed group. Rank 0 is the learner
 controller sees: it starts ranks 1..N-1 (owned by it, so they die with it), picks the
 rendezvous (its node's IP and a free port), and forwards every call that needs all ranks
 (train_step, publish, save/load_checkpoint, sees) to them before running its own part.
-After each step every rank takes part in gathering the BF16 weights and rank 0 puts them
-in the object store as the next version.
+After each step every rank takes part in casting (gathering) the BF16 weights and rank 0
+publishes them as the next version (transport.py): into a buffer it reuses, then either a
+`ray.put` in a thread of its "weights" concurrency group while the next step trains, or
+held for the consumers to receive over their pairs (collective). The ref train_step returns
+resolves only once the version is complete. Create it with `learner_class()`, which
+declares that concurrency group.
 """
 
 from __future__ import annotations
@@ -15,9 +19,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from opdflow.config import TrainConfig
 from opdflow.rollout import RolloutBatch
 from opdflow.stages import StageActor, pin_threads
+
+CONCURRENCY_GROUPS = {"weights": 4}
+"""Threads beside the training one: seals (object-store puts), pair setups and sends."""
+
+
+def learner_class() -> Any:
+    """LearnerActor as a Ray actor class (with its "weights" concurrency group)."""
+    return ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(LearnerActor)
 
 
 class LearnerActor(StageActor):
@@ -33,9 +47,9 @@ class LearnerActor(StageActor):
         peer_options: list[dict[str, Any]] | None = None,
         rank: int = 0,
         rendezvous: str | None = None,
+        transport: str = "object_store",
+        weights_timeout_s: float = 300.0,
     ):
-        import ray
-
         from opdflow.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
@@ -48,13 +62,18 @@ class LearnerActor(StageActor):
                 rendezvous = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
                 options = peer_options or [{} for _ in range(workers - 1)]
                 self.peers = [
-                    ray.remote(LearnerActor)
+                    learner_class()
                     .options(**options[r - 1])
                     .remote(model_path, threads, train, seed, workers, None, r, rendezvous)
                     for r in range(1, workers)
                 ]
             dist = DistSpec(rank, workers, str(rendezvous))
         self.learner = Learner(model_path, train, seed, dist=dist)
+        self.publisher = None
+        if rank == 0:
+            from opdflow.transport import Publisher
+
+            self.publisher = Publisher(transport, self.learner.device, weights_timeout_s)
 
     def _on_peers(self, method: str, *args: Any) -> list:
         return [getattr(peer, method).remote(*args) for peer in self.peers]
@@ -62,8 +81,6 @@ class LearnerActor(StageActor):
     def _with_peers(self, method: str, *args: Any) -> Any:
         """Run `method` on every rank (the peers first, they block in collectives until this
         rank joins); this rank's result, once all are done."""
-        import ray
-
         refs = self._on_peers(method, *args)
         out = getattr(self, f"_{method}")(*args)
         ray.get(refs)
@@ -77,35 +94,77 @@ class LearnerActor(StageActor):
 
     def train_step(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
         """Train `step` on `batch`, then publish the new version: the step's metrics, with
-        the version's ref boxed under "weights" (rank 0)."""
-        import ray
-
+        [ref, bytes] of the version under "weights" (rank 0; the ref resolves to its
+        WeightsHandle once the version is complete) and the publish's critical-path seconds."""
         refs = self._on_peers("train_step", step, ray.put(batch)) if self.peers else []
         t_epoch, t0 = time.time(), time.perf_counter()
         out = self.learner.train_step(step, batch)
         self.add_span("learner", step, batch.version, t_epoch, time.perf_counter() - t0,
                       batch.num_tokens)  # fmt: skip
-        weights = self._publish()
+        ref, nbytes, seconds = self._publish()
         ray.get(refs)
-        return {**out, "publish_s": weights[1], "weights": weights[:1]}
+        return {**out, "publish_s": seconds, "weights": [ref, nbytes]}
 
     def publish(self) -> list:
-        """Put the current weights in the object store as BF16; [ref, seconds], the ref boxed
-        so the driver holds it unresolved (None on ranks other than 0)."""
-        return self._with_peers("publish")
+        """Publish the current weights as BF16: [ref, bytes] (ref None on ranks other than 0),
+        the ref boxed so the driver holds it unresolved."""
+        return self._with_peers("publish")[:2]
 
     def _publish(self) -> list:
-        import ray
-
+        """Cast into a reused buffer (the critical path), then hand it to the transport:
+        [ref, bytes, seconds]."""
         t0 = time.perf_counter()
         version = self.learner.version
         with self.span("publish", version - 1, version) as s:
-            packed = self.learner.bf16_weights()
-            if packed is None:
-                return [None, time.perf_counter() - t0]
-            ref = ray.put(packed)
+            pub = self.publisher
+            packed = pub.buffer(version, self.learner.bf16_entries()) if pub else None
+            self.learner.write_bf16(packed)
+            if pub is None or packed is None:
+                return [None, 0, time.perf_counter() - t0]
+            me = ray.get_runtime_context().current_actor
+            if pub.transport == "object_store":
+                pub.stage(packed)
+                ref = me.seal.remote(version)  # the put runs in a weights thread
+            else:
+                ref = ray.put(pub.hold(packed, me))  # the handle only: the bytes stay here
             s["bytes"] = packed.nbytes
-        return [ref, time.perf_counter() - t0]
+        return [ref, packed.nbytes, time.perf_counter() - t0]
+
+    # ---------------------------------------------------------------- weights threads (rank 0)
+
+    @ray.method(concurrency_group="weights")
+    def seal(self, version: int) -> Any:
+        """Put a cast version in the object store; its WeightsHandle once sealed."""
+        assert self.publisher is not None
+        return self.publisher.seal(version)
+
+    @ray.method(concurrency_group="weights")
+    def open_pair(self, key: str, owner: str) -> None:
+        """Join a consumer end's new pair (collective)."""
+        assert self.publisher is not None
+        self.publisher.open_pair(key, owner)
+
+    @ray.method(concurrency_group="weights")
+    def send_weights(self, version: int, key: str) -> int:
+        """Send a held version on a consumer end's pair (collective); bytes sent."""
+        assert self.publisher is not None
+        return self.publisher.send(version, key)
+
+    @ray.method(concurrency_group="weights")
+    def retain(self, versions: list[int], seq: int = 0) -> dict[str, Any]:
+        """Keep only these versions (and newer) for the consumers (collective); what is held
+        afterwards (see `held`). `seq` orders the calls (see Publisher.retain)."""
+        assert self.publisher is not None
+        self.publisher.retain(versions, seq)
+        return self.held()
+
+    @ray.method(concurrency_group="weights")
+    def held(self) -> dict[str, Any]:
+        """Versions and bytes held for consumers (collective) or being put (object store),
+        and the versions with a send in flight."""
+        pub = self.publisher
+        assert pub is not None
+        return {"versions": pub.held(), "bytes": pub.held_bytes(), "sending": pub.sending()}
 
     def save_checkpoint(self, out_dir: str) -> None:
         self._with_peers("save_checkpoint", out_dir)
@@ -122,14 +181,10 @@ class LearnerActor(StageActor):
     def sees(self, probe: str, token: str) -> list[dict[str, Any]]:
         """Whether each rank reads `probe` holding `token` (the driver wrote it into the
         checkpoint directory): [{"rank", "node", "ok"}], one per rank."""
-        import ray
-
         peers = ray.get(self._on_peers("sees", probe, token))
         return [self._sees(probe, token), *(r for part in peers for r in part)]
 
     def _sees(self, probe: str, token: str) -> dict[str, Any]:
-        import ray
-
         try:
             ok = Path(probe).read_text() == token
         except OSError:

@@ -36,8 +36,10 @@ class Rescorer:
         self.version = 0
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
-        """Copy a weights version into the model (host to device on a GPU)."""
-        self.model.load_state_dict(state, strict=True)
+        """Copy a weights version into the model (host to device on a GPU): its one copy."""
+        from opdflow.weights import load_module
+
+        load_module(self.model, state)
         self.version = version
 
     def rescore(self, batch: RolloutBatch) -> RolloutBatch:
@@ -64,7 +66,9 @@ class RescorerActor(StageActor):
         self, version: int, weights_box: list, *batches: RolloutBatch, step: int = -1
     ) -> RolloutBatch:
         stage = self.stage
-        self.ensure_weights(version, stage.version, weights_box, step, stage.load_weights)
+        self.ensure_weights(
+            version, stage.version, weights_box, step, stage.load_weights, stage.device
+        )
         with self.span("rescorer", step, version) as s:
             batch = concat(list(batches))
             s["tokens"] = batch.num_tokens

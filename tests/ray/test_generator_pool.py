@@ -56,9 +56,10 @@ def make_worker(rollout_cluster, tiny, tokenizer):
 @pytest.fixture(scope="module")
 def weights(rollout_cluster, tiny):
     from opdflow.models import load_model
+    from opdflow.transport import put_version
     from opdflow.weights import pack
 
-    return ray.put(pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0))
+    return put_version(pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0))
 
 
 @pytest.fixture
@@ -149,11 +150,12 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, p
 
 def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer, pools):
     from opdflow.models import load_model
+    from opdflow.transport import put_version
     from opdflow.weights import pack
 
     pool = GeneratorPool([make_worker()], make_worker, 1, 2, idle_grace_s=60)
     pools.append(pool)
-    v3 = ray.put(pack(load_model(str(tiny.teacher), "bfloat16").state_dict(), 3))
+    v3 = put_version(pack(load_model(str(tiny.teacher), "bfloat16").state_dict(), 3))
     pool.submit(_requests(tokenizer, 3, version=3), v3)
     _wait_ready(pool, 1)
     assert [e["action"] for e in pool.rescale(want_more=True)] == ["add"]

@@ -21,8 +21,8 @@ from opdflow.engines.torch_engine import TorchEngine
 from opdflow.models import load_model
 from opdflow.rundir import RunDir, read_table
 from opdflow.scoring import token_logprobs
-from opdflow.stages.learner_actor import LearnerActor
-from opdflow.weights import unpack
+from opdflow.stages.learner_actor import learner_class
+from opdflow.transport import fetch_state
 
 SAME = ("loss", "train_kl", "grad_norm", "entropy", "d_stale_k1", "d_stale_k3", "d_total_k1")
 EXACT = ("tokens", "responses", "weights_bytes", "skipped", "d_engine_k1")
@@ -50,12 +50,12 @@ MICRO = dataclasses.replace(WHOLE, micro_batch_tokens=40)
 
 
 def _one(tiny):
-    return ray.remote(LearnerActor).options(num_cpus=0.5).remote(str(tiny.student), 1, WHOLE, 0)
+    return learner_class().options(num_cpus=0.5).remote(str(tiny.student), 1, WHOLE, 0)
 
 
 def _two(tiny):
     return (
-        ray.remote(LearnerActor)
+        learner_class()
         .options(num_cpus=0.5)
         .remote(str(tiny.student), 1, MICRO, 0, 2, [{"num_cpus": 0.5}])
     )
@@ -100,9 +100,7 @@ def test_two_workers_train_like_one_and_checkpoints_cross_over(ray_local, tiny, 
     assert runs["one"][0]["loss"] != runs["one"][2]["loss"]  # the steps do move the weights
     _assert_same_checkpoint(ckpt["one2"], ckpt["two2"], atol=1e-5)
     _assert_same_checkpoint(ckpt["one3"], ckpt["two3"], atol=1e-5)
-    pub = {
-        n: unpack(ray.get(ray.get(x.publish.remote())[0])) for n, x in (("one", one), ("two", two))
-    }
+    pub = {n: fetch_state(ray.get(x.publish.remote())[0]) for n, x in (("one", one), ("two", two))}
     assert pub["one"].keys() == pub["two"].keys()
     for k in pub["one"]:  # BF16 of FP32 weights equal to 1e-5: one rounding step apart at most
         torch.testing.assert_close(pub["one"][k], pub["two"][k], msg=k)

@@ -57,3 +57,41 @@ def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_loc
     for used, live in referenced.values():
         assert live <= (k + 2) * (version_bytes + 2**16)
         assert used <= live + 2 * version_bytes + 1e6, referenced
+
+
+def test_collective_keeps_k_plus_2_versions_and_the_learner_holds_only_what_is_needed(
+    tmp_path, ray_local, tiny
+):
+    """weights.transport=collective (gloo): the object store holds only handles, the learner
+    holds the bytes. At every step it holds the live versions (at most k + 2), a version a
+    pending evaluation has yet to load and one whose send is in flight, nothing else; the
+    run's weight_bytes_live is what it holds. A leak would show within these steps."""
+    k, steps = 2, 40
+    cfg = apply_overrides(
+        PipelineConfig(name="long"),
+        [f"staleness.k={k}", f"train.steps={steps}", "eval.every=20", "eval.prompts=4",
+         "data.prompts_per_step=2", "data.responses_per_prompt=2",
+         "reliability.checkpoint_every=0", "weights.transport=collective"],
+    )  # fmt: skip
+    stages, seen = {}, []
+
+    def on_step(row):
+        st = stages["st"]
+        held, needed = ray.get(st.learner.held.remote()), set(st.learner_held["needed"])
+        seen.append((row, held, set(st.store.live_versions()), needed))
+
+    run = RunDir.create(cfg, tmp_path / "run")
+    run_pipeline(cfg, run, on_step=on_step, on_start=lambda st: stages.update(st=st))
+    metrics = read_table(run.path / "metrics.parquet")
+    assert len(metrics) == steps
+    assert max(r["live_weight_versions"] for r in metrics) <= k + 2
+    version_bytes = max(h["bytes"] // max(len(h["versions"]), 1) for _, h, _, _ in seen)
+    for row, held, live, needed in seen:
+        assert len(live) <= k + 2
+        # needed: the live versions and those pending evaluations will load, as of the last
+        # release; a version published since is newer than all of them
+        newer = {v for v in held["versions"] if v > max(needed)}
+        extra = set(held["versions"]) - needed - newer - set(held["sending"])
+        assert not extra, (row["step"], held, live, needed)
+        assert len(needed - live) <= 1  # at most one evaluation pending past its version
+        assert row["weight_bytes_live"] <= (k + 3) * version_bytes, row

@@ -25,6 +25,8 @@ def test_defaults_validate_and_round_trip_through_a_dict():
         ("models.tiny.student=blind", r"models\.tiny\.student = 'blind'.*'carry_blind'"),
         ("models.tiny.student=carry_blind", r"models\.tiny\.student .*data\.task\.worked=true"),
         ("models.tiny.carry_blind_share=0", r"models\.tiny\.carry_blind_share = 0"),
+        ("weights.transport=nccl", r"weights\.transport = 'nccl'.*'collective'"),
+        ("weights.timeout_s=0", r"weights\.timeout_s = 0"),
     ],
 )
 def test_bad_values_name_the_field_the_value_and_what_is_allowed(override, message):
@@ -119,3 +121,16 @@ def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
     assert same_config(tmp_path, cfg)
     assert not same_config(tmp_path, apply_overrides(PipelineConfig(), ["train.lr=3e-4"]))
     assert not same_config(tmp_path / "missing", cfg)
+
+
+def test_weights_transport_resolves_by_devices_and_refuses_nccl_to_a_cpu_consumer():
+    from opdflow.stages.assembly import weights_transport
+
+    gpus = [f"resources.{s}.num_gpus=1" for s in ("learner", "generator", "rescorer", "evaluator")]
+    assert weights_transport(PipelineConfig()) == "object_store"  # auto on CPUs
+    assert weights_transport(apply_overrides(PipelineConfig(), gpus)) == "collective"
+    assert weights_transport(apply_overrides(PipelineConfig(), gpus[:3])) == "object_store"
+    cpu_collective = apply_overrides(PipelineConfig(), ["weights.transport=collective"])
+    assert weights_transport(cpu_collective) == "collective"  # gloo
+    with pytest.raises(ConfigError, match=r"weights\.transport = 'collective'.*evaluator"):
+        apply_overrides(PipelineConfig(), [*gpus[:3], "weights.transport=collective"])

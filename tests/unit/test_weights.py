@@ -1,9 +1,10 @@
+import pytest
 import torch
 
-from opdflow.weights import WeightStore, pack, unpack
+from opdflow.weights import ALIGN, WeightStore, pack, views
 
 
-def test_pack_unpack_round_trip_keeps_dtype_shape_and_bits():
+def test_pack_and_views_round_trip_keeps_dtype_shape_and_bits():
     state = {
         "a": torch.randn(3, 4, dtype=torch.bfloat16),
         "b": torch.arange(5, dtype=torch.float32),
@@ -11,8 +12,8 @@ def test_pack_unpack_round_trip_keeps_dtype_shape_and_bits():
     }
     packed = pack(state, version=7)
     assert packed.version == 7
-    assert packed.nbytes == 3 * 4 * 2 + 5 * 4 + 8 * 4
-    out = unpack(packed)
+    assert packed.nbytes == 3 * ALIGN  # each tensor starts on an aligned offset
+    out = views(packed)
     for k, v in state.items():
         assert out[k].dtype == v.dtype
         assert torch.equal(out[k], v)
@@ -58,3 +59,113 @@ def test_a_version_never_released_breaks_the_bound():
         store.check_bound(bound)
     store.release_below(bound)
     store.check_bound(bound)
+
+
+def _module(dtype=torch.bfloat16, tied=False):
+    m = torch.nn.Module()
+    m.a = torch.nn.Linear(8, 16).to(dtype)
+    m.b = torch.nn.Linear(16, 8, bias=False).to(dtype)
+    if tied:
+        m.c = torch.nn.Linear(16, 8, bias=False).to(dtype)
+        m.c.weight = m.b.weight
+    m.register_buffer("scale", torch.arange(4, dtype=dtype))
+    return m
+
+
+def _bits(m):
+    return {
+        k: v.detach().to(torch.bfloat16).view(torch.int16).clone()
+        for k, v in m.state_dict().items()
+    }
+
+
+def test_views_are_zero_copy_even_of_a_read_only_buffer():
+    packed = pack({k: v.detach() for k, v in _module().state_dict().items()}, 3)
+    packed.buffer.setflags(write=False)  # as a get from the object store hands it out
+    out = views(packed)
+    lo = packed.buffer.ctypes.data
+    for spec in packed.specs:
+        assert out[spec.name].data_ptr() == lo + spec.offset
+    assert out.packed is packed
+
+
+def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
+    from opdflow.weights import FlatLayout, load_module
+
+    for tied in (False, True):
+        src, dst = _module(tied=tied), _module(tied=tied)
+        for version in (1, 2):  # the first load re-homes, the second copies into the layout
+            torch.nn.init.normal_(src.a.weight)
+            packed = pack({k: v.detach() for k, v in src.state_dict().items()}, version)
+            load_module(dst, views(packed))
+            flat = dst.__dict__["_opdflow_flat"]
+            assert isinstance(flat, FlatLayout) and flat.intact(dst)
+            lo = flat.buffer.data_ptr()
+            for spec in packed.specs[:1]:
+                assert dst.state_dict()[spec.name].data_ptr() == lo + spec.offset
+            assert all(torch.equal(a, b) for a, b in zip(_bits(src).values(), _bits(dst).values()))
+            assert dst.c.weight is dst.b.weight if tied else True
+        y = dst.a(torch.ones(2, 8, dtype=torch.bfloat16))  # the module still computes
+        assert torch.equal(y, src.a(torch.ones(2, 8, dtype=torch.bfloat16)))
+
+
+def test_load_module_falls_back_per_tensor_and_stays_strict():
+    from opdflow.weights import load_module
+
+    src, wide = _module(), _module(torch.float32)  # an engine computing in float32
+    load_module(wide, views(pack({k: v.detach() for k, v in src.state_dict().items()}, 1)))
+    assert "_opdflow_flat" not in wide.__dict__
+    assert all(torch.equal(a, b) for a, b in zip(_bits(src).values(), _bits(wide).values()))
+    partial = {k: v for k, v in src.state_dict().items() if k != "scale"}
+    with pytest.raises(KeyError, match="lack 1"):
+        load_module(_module(), partial)
+    with pytest.raises(KeyError, match="'extra'"):
+        load_module(_module(), {**src.state_dict(), "extra": torch.zeros(1)})
+
+
+def test_collective_pair_sends_held_versions_and_refuses_released_ones():
+    """The learner's Publisher and a consumer's PairEnd over gloo (two threads here, two
+    actors in a run): bytes equal, a released version is refused without a hang."""
+    import threading
+
+    from opdflow.transport import PairEnd, Publisher
+    from opdflow.weights import bf16_entries, write_bf16
+
+    state = {k: v.detach().float() for k, v in _module().state_dict().items()}
+    pub = Publisher("collective", torch.device("cpu"), timeout_s=30)
+    handles, states = [], []
+    for version in (1, 2):
+        packed = pub.buffer(version, bf16_entries(state))
+        write_bf16(state, packed)
+        handles.append(pub.hold(packed, source=None))
+        states.append(state)
+        state = {k: v + 1 for k, v in state.items()}
+    assert pub.held() == [1, 2] and handles[0].backend == "gloo"
+    opened = threading.Thread(target=pub.open_pair, args=("k1", "consumer"))
+    opened.start()
+    end = PairEnd(handles[0].address, "k1", "gloo", "cpu", 30, "127.0.0.1")
+    opened.join()
+    for h, sent in zip(handles, states):
+        receiver = threading.Thread(target=pub.send, args=(h.version, "k1"))
+        receiver.start()
+        got = views(end.receive(h.version, h.specs, h.nbytes))
+        receiver.join()
+        assert got.keys() == sent.keys()
+        for k, v in sent.items():  # the learner's BF16 cast, bit for bit
+            assert torch.equal(got[k].view(torch.int16), v.bfloat16().view(torch.int16)), k
+    assert pub.retain([2]) == [2]
+    errors = []
+
+    def refuse():
+        try:
+            pub.send(1, "k1")
+        except KeyError as exc:
+            errors.append(str(exc))
+
+    sender = threading.Thread(target=refuse)
+    sender.start()
+    with pytest.raises(RuntimeError, match="no longer holds it"):
+        end.receive(1, handles[0].specs, handles[0].nbytes)
+    sender.join()
+    assert errors and "no longer held" in errors[0]
+    assert pub.buffer(3, bf16_entries(state)).buffer is not None  # a freed buffer comes back

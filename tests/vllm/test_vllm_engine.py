@@ -121,7 +121,7 @@ def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prom
 
     from opdflow.models import load_model
     from opdflow.raycluster import connect
-    from opdflow.weights import pack, unpack
+    from opdflow.weights import pack, views
 
     params = SamplingParams(return_logdist=True)
     started = connect(1)
@@ -129,7 +129,7 @@ def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prom
     try:
         teacher_state = load_model(str(tiny.teacher), "bfloat16").state_dict()
         ref = ray.put(pack(teacher_state, 1))
-        engine.load_weights(unpack(ray.get(ref)), 1)
+        engine.load_weights(views(ray.get(ref)), 1)  # zero-copy views
         batch = engine.generate(_request(prompts, params, seed=3, version=1))
         assert batch.version == 1
         mask = batch.response_mask_B_T
@@ -140,7 +140,7 @@ def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prom
         assert kl_teacher < 5e-3 and kl_teacher < 0.02 * kl_student, (kl_teacher, kl_student)
         assert np.abs(batch.logp_engine_B_T - t_logp)[mask].mean() < 2e-2
         # and back to the student's weights
-        engine.load_weights(unpack(ray.get(ray.put(pack(student_state, 2)))), 2)
+        engine.load_weights(views(ray.get(ray.put(pack(student_state, 2)))), 2)
         back = engine.generate(_request(prompts, params, seed=3, version=2))
         _, s_dist = _rescore(tiny.student, back, params)
         assert exact_kl(back.logdist_engine_B_T_V, s_dist, back.response_mask_B_T) < 1e-3
@@ -162,6 +162,46 @@ FP8_KV = ("fp8_kv", "fp8_kv(scale=unit)")
 needs_fp8_kv = pytest.mark.skipif(
     not _cpu_fp8_kv(), reason="vLLM's CPU FP8 KV cache needs AVX-512 or AMX (this CPU has neither)"
 )
+
+
+def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prompts, tiny):
+    """The engine's worker joins its own gloo pair with a learner-side Publisher (here a
+    thread standing in for the learner actor) and reloads from views of what it received."""
+    import threading
+
+    from opdflow.models import load_model
+    from opdflow.transport import Publisher
+    from opdflow.weights import bf16_entries, write_bf16
+
+    params = SamplingParams(return_logdist=True)
+    student_state = load_model(str(tiny.student), "bfloat16").state_dict()
+    teacher = load_model(str(tiny.teacher), "float32").state_dict()
+    pub = Publisher("collective", torch.device("cpu"), timeout_s=60)
+    packed = pub.buffer(5, bf16_entries(teacher))
+    write_bf16(teacher, packed)
+    handle = pub.hold(packed, source=None)
+    try:
+        owners = engine.pair_owners()
+        keys = [f"{o}/k" for o in owners]
+        opened = [threading.Thread(target=pub.open_pair, args=(k, o)) for k, o in zip(keys, owners)]
+        for t in opened:
+            t.start()
+        engine.join(handle.address, keys, handle.backend, 60)
+        for t in opened:
+            t.join()
+        sends = [threading.Thread(target=pub.send, args=(5, k)) for k in keys]
+        for t in sends:
+            t.start()
+        engine.receive(5, handle.specs, handle.nbytes)
+        for t in sends:
+            t.join()
+        batch = engine.generate(_request(prompts, params, seed=3, version=5))
+        assert batch.version == 5
+        t_logp, _ = _rescore(tiny.teacher, batch, params)
+        mask = batch.response_mask_B_T
+        assert np.abs(batch.logp_engine_B_T - t_logp)[mask].mean() < 2e-2
+    finally:
+        engine.load_weights(student_state, 0)  # the module's engine stays on the student
 
 
 @pytest.fixture(scope="module")
