@@ -14,8 +14,9 @@ fault per 4 KiB):
   holds only the handle. A consumer pairs with the learner once (`PairEnd`: a 2-rank
   torch.distributed group over the learner's TCPStore, NCCL between GPUs, gloo on CPUs;
   nothing goes through host memory on GPUs) and then receives each version it needs by a
-  send on that pair. Pairs rather than one static group: a consumer that restarts or that
-  the generator pool adds just opens its own pair.
+  send on that pair: whole into a buffer it reuses, or (a vLLM worker, whose GPU is mostly
+  KV cache) in pieces of whole layers (`plan_pieces`). Pairs rather than one static group:
+  a consumer that restarts or that the generator pool adds just opens its own pair.
 
 Why not Ray Direct Transport (ray 2.60, alpha): it works here once the receiving actor
 also declares `enable_tensor_transport=True` (without it the transfer deadlocks and times
@@ -27,10 +28,11 @@ FSDP group) and its NCCL groups need cupy.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,16 +74,55 @@ def pair_group(
     import torch
     import torch.distributed as dist
 
-    if backend == "nccl":
+    if backend == "nccl":  # written for GPUs, not yet run on one
+        gpu = torch.device(device)
+        if gpu.index is not None:
+            torch.cuda.set_device(gpu)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = _timedelta(timeout_s)
-        pg = dist.ProcessGroupNCCL(store, rank, 2, opts)
-        torch.cuda.set_device(torch.device(device))
-        return pg
+        return dist.ProcessGroupNCCL(store, rank, 2, opts)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = _timedelta(timeout_s)
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     return dist.ProcessGroupGloo(store, rank, 2, opts)
+
+
+def _layer_of(name: str) -> str:
+    """The decoder layer a tensor belongs to ("model.layers.7" of "model.layers.7.mlp..."),
+    else its module path: what vLLM processes as one unit when it reloads weights."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2])
+    return ".".join(parts[:-1])
+
+
+def plan_pieces(specs: tuple[TensorSpec, ...], piece_bytes: int) -> list[tuple[int, int]]:
+    """Spec index ranges [lo, hi) a version is sent in: one piece when piece_bytes is 0,
+    else whole decoder layers grouped up to piece_bytes (a larger layer is a piece alone),
+    so a receiver never needs a whole version's memory and a loader that processes a layer
+    once its last tensor arrives (vLLM) frees each piece soon after it arrived."""
+    if piece_bytes <= 0 or not specs:
+        return [(0, len(specs))]
+    layers: list[tuple[int, int]] = []  # runs of consecutive specs of one layer
+    for i, spec in enumerate(specs):
+        if layers and _layer_of(spec.name) == _layer_of(specs[i - 1].name):
+            layers[-1] = (layers[-1][0], i + 1)
+        else:
+            layers.append((i, i + 1))
+    pieces = [layers[0]]
+    for lo, hi in layers[1:]:
+        if _span(specs, pieces[-1][0], hi) <= piece_bytes:
+            pieces[-1] = (pieces[-1][0], hi)
+        else:
+            pieces.append((lo, hi))
+    return pieces
+
+
+def _span(specs: tuple[TensorSpec, ...], lo: int, hi: int) -> int:
+    """Bytes of the buffer from spec lo's start to spec hi - 1's end."""
+    hi = min(hi, len(specs))
+    return specs[hi - 1].offset + specs[hi - 1].nbytes - specs[lo].offset
 
 
 def _as_tensor(buffer: Any) -> Any:
@@ -265,9 +306,10 @@ class Publisher:
             self._pairs[key] = pg
             self._owner[owner] = key
 
-    def send(self, version: int, key: str) -> int:
-        """Send a held version to the consumer end `key` (a header, then the bytes); its size.
-        A version no longer held is refused in the header, so the consumer does not hang."""
+    def send(self, version: int, key: str, piece_bytes: int = 0) -> int:
+        """Send a held version to the consumer end `key`: a header, then its bytes, in the
+        pieces `plan_pieces(specs, piece_bytes)` makes (the receiver's plan); its size. A
+        version no longer held is refused in the header, so the consumer does not hang."""
         import torch
 
         with self._cond:
@@ -287,7 +329,10 @@ class Publisher:
                     f"weights version {version} is no longer held by the learner "
                     f"(held: {self.held()})"
                 )
-            pg.send([_as_tensor(packed.buffer)], 1, 1).wait()
+            whole = _as_tensor(packed.buffer)
+            for lo, hi in plan_pieces(packed.specs, piece_bytes):
+                start, end = packed.specs[lo].offset, _end(packed, hi)
+                pg.send([whole[start:end]], 1, 1).wait()
             _sync(self.device)
         finally:
             if ok:
@@ -297,6 +342,11 @@ class Publisher:
                         del self._sending[version]
                     self._drop_unretained()
         return nbytes
+
+
+def _end(packed: PackedWeights, hi: int) -> int:
+    """Where piece [.., hi) ends: the next spec's start, or the buffer's end."""
+    return packed.specs[hi].offset if hi < len(packed.specs) else packed.nbytes
 
 
 class PairEnd:
@@ -321,8 +371,24 @@ class PairEnd:
         self._buffer: Any = None
 
     def receive(self, version: int, specs: tuple[TensorSpec, ...], nbytes: int) -> PackedWeights:
-        """Receive `version` into the reused buffer; a packed view of it (valid until the next
-        receive)."""
+        """Receive `version` whole into the reused buffer; a packed view of it (valid until
+        the next receive)."""
+        return next(self.receive_pieces(version, specs, nbytes, 0, reuse=True))
+
+    def receive_pieces(
+        self,
+        version: int,
+        specs: tuple[TensorSpec, ...],
+        nbytes: int,
+        piece_bytes: int,
+        reuse: bool = False,
+    ) -> Iterator[PackedWeights]:
+        """Receive `version` piece by piece (`plan_pieces`), yielding each piece as a packed
+        view (its specs' offsets relative to the piece). Each piece gets its own buffer,
+        freed once nothing views it: a loader may hold some tensors back (vLLM finishes a
+        padded layer, such as a vocabulary padded to a multiple of 64, only at the end).
+        reuse=True receives into one buffer kept for every version instead (consume each
+        piece before advancing)."""
         import torch
 
         header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
@@ -333,18 +399,35 @@ class PairEnd:
                 f"weights version {version} ({nbytes} bytes) was asked for, the learner "
                 f"answered {'version ' + str(got) if ok else 'that it no longer holds it'}"
             )
-        if self._buffer is None or self._buffer.nbytes != nbytes:
+        plan = [(lo, hi, specs[lo].offset, _end_of(specs, nbytes, hi))
+                for lo, hi in plan_pieces(specs, piece_bytes)]  # fmt: skip
+        largest = max(end - start for _, _, start, end in plan)
+        if reuse and (self._buffer is None or self._buffer.nbytes < largest):
             self._buffer = None
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        self.pg.recv([self._buffer], 0, 1).wait()
-        _sync(self.device)
-        buffer = self._buffer.numpy() if self.backend == "gloo" else self._buffer
-        return PackedWeights(version, specs, buffer)
+            self._buffer = torch.empty(largest, dtype=torch.uint8, device=self.device)
+        for lo, hi, start, end in plan:
+            if reuse:
+                piece = self._buffer[: end - start]
+            else:
+                piece = torch.empty(end - start, dtype=torch.uint8, device=self.device)
+            self.pg.recv([piece], 0, 1).wait()
+            _sync(self.device)
+            local = tuple(
+                dataclasses.replace(spec, offset=spec.offset - start) for spec in specs[lo:hi]
+            )
+            yield PackedWeights(version, local, piece.numpy() if self.backend == "gloo" else piece)
+
+
+def _end_of(specs: tuple[TensorSpec, ...], nbytes: int, hi: int) -> int:
+    return specs[hi].offset if hi < len(specs) else nbytes
 
 
 class Receiver(Protocol):
     """Where a consumer's weights are received and loaded: in its own process (`LocalReceiver`)
     or in an engine's workers (VLLMEngine, through its worker extension)."""
+
+    piece_bytes: int
+    """Pieces it receives a version in (`plan_pieces`; 0: whole, into one buffer)."""
 
     def pair_owners(self) -> list[str]:
         """One stable id per end that receives (a process; vLLM: each of its workers)."""
@@ -360,7 +443,9 @@ class Receiver(Protocol):
 
 
 class LocalReceiver:
-    """Receives in this process and loads with `load(views, version)`."""
+    """Receives in this process, whole, and loads with `load(views, version)`."""
+
+    piece_bytes = 0
 
     def __init__(self, load: Callable[[dict[str, Any], int], None], device: Any):
         self.load = load
@@ -429,7 +514,8 @@ class Fetcher:
             ray.get(opened)
             self._joined = (handle.address, id(receiver))
             self._keys = keys
-        sent = [source.send_weights.remote(handle.version, k) for k in self._keys]
+        piece = receiver.piece_bytes
+        sent = [source.send_weights.remote(handle.version, k, piece) for k in self._keys]
         try:
             receiver.receive(handle.version, handle.specs, handle.nbytes)
         except BaseException:

@@ -150,12 +150,14 @@ class WorkerExtension:
         key = keys[process_id()]
         self.opdflow_end = PairEnd(address, key, backend, device, timeout_s, host)
 
-    def opdflow_receive(self, version: int, specs: tuple, nbytes: int) -> None:
-        """Receive a version on this worker's pair and reload from views of its buffer."""
+    def opdflow_receive(self, version: int, specs: tuple, nbytes: int, piece_bytes: int) -> None:
+        """Receive a version on this worker's pair piece by piece (whole decoder layers, each
+        piece freed once vLLM has loaded it), reloading from views of each piece."""
         from opdflow.weights import views
 
-        packed = self.opdflow_end.receive(version, specs, nbytes)
-        self.opdflow_reload(list(views(packed).items()))
+        pieces = self.opdflow_end.receive_pieces(version, specs, nbytes, piece_bytes)
+        named = (item for packed in pieces for item in views(packed).items())
+        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)  # type: ignore[attr-defined]
 
     def opdflow_install_kv_amax(self) -> int:
         """Pre-hooks on the FP8 attention layers: while armed, a layer's first forward sets
@@ -248,7 +250,10 @@ class VLLMEngine:
         self.version = version
 
     # A collective weights version is received by each vLLM worker on its own pair with the
-    # learner (transport.Receiver), into a buffer on its device, then reloaded from views.
+    # learner (transport.Receiver), in pieces of whole layers on its device, each freed once
+    # loaded (vLLM has taken most of the GPU for its KV cache: no room for a whole version).
+
+    piece_bytes = 512 * 2**20
 
     def pair_owners(self) -> list[str]:
         return list(self.llm.collective_rpc("opdflow_pair_owner"))
@@ -262,7 +267,7 @@ class VLLMEngine:
         )
 
     def receive(self, version: int, specs: tuple, nbytes: int) -> None:
-        self.llm.collective_rpc("opdflow_receive", args=(version, specs, nbytes))
+        self.llm.collective_rpc("opdflow_receive", args=(version, specs, nbytes, self.piece_bytes))
         self.version = version
 
     def generate(self, request: GenerationRequest) -> RolloutBatch:

@@ -145,10 +145,11 @@ class LearnerActor(StageActor):
         self.publisher.open_pair(key, owner)
 
     @ray.method(concurrency_group="weights")
-    def send_weights(self, version: int, key: str) -> int:
-        """Send a held version on a consumer end's pair (collective); bytes sent."""
+    def send_weights(self, version: int, key: str, piece_bytes: int = 0) -> int:
+        """Send a held version on a consumer end's pair (collective), in the receiver's
+        pieces; bytes sent."""
         assert self.publisher is not None
-        return self.publisher.send(version, key)
+        return self.publisher.send(version, key, piece_bytes)
 
     @ray.method(concurrency_group="weights")
     def retain(self, versions: list[int], seq: int = 0) -> dict[str, Any]:

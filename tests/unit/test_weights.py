@@ -153,6 +153,16 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
         assert got.keys() == sent.keys()
         for k, v in sent.items():  # the learner's BF16 cast, bit for bit
             assert torch.equal(got[k].view(torch.int16), v.bfloat16().view(torch.int16)), k
+    # in pieces of whole layers, each in its own buffer (how a vLLM worker receives)
+    h, sent = handles[1], states[1]
+    receiver = threading.Thread(target=pub.send, args=(h.version, "k1", 300))
+    receiver.start()
+    got = {k: v for piece in end.receive_pieces(h.version, h.specs, h.nbytes, 300)
+           for k, v in views(piece).items()}  # fmt: skip
+    receiver.join()
+    assert list(got) == list(sent)  # held until the end: no piece overwrote another
+    for k, v in got.items():
+        assert torch.equal(v.view(torch.int16), sent[k].bfloat16().view(torch.int16)), k
     assert pub.retain([2]) == [2]
     errors = []
 
@@ -169,3 +179,23 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
     sender.join()
     assert errors and "no longer held" in errors[0]
     assert pub.buffer(3, bf16_entries(state)).buffer is not None  # a freed buffer comes back
+
+
+def test_pieces_keep_layers_whole_and_cover_the_version_in_order():
+    from opdflow.transport import plan_pieces
+    from opdflow.weights import layout
+
+    entries = [("model.embed_tokens.weight", torch.bfloat16, (64, 8))]
+    for i in range(3):
+        for part in ("q_proj.weight", "q_proj.bias", "o_proj.weight"):
+            entries.append((f"model.layers.{i}.self_attn.{part}", torch.bfloat16, (8, 8)))
+    entries.append(("lm_head.weight", torch.bfloat16, (64, 8)))
+    specs, _ = layout(entries)
+    assert plan_pieces(specs, 0) == [(0, len(specs))]
+    for budget in (1, 400, 1000, 10**9):
+        pieces = plan_pieces(specs, budget)
+        assert [i for lo, hi in pieces for i in range(lo, hi)] == list(range(len(specs)))
+        for lo, _ in pieces:  # a layer is never split
+            assert lo == 0 or specs[lo].name.split(".")[:3] != specs[lo - 1].name.split(".")[:3]
+    assert len(plan_pieces(specs, 1)) == 5  # embeddings, 3 layers, head: each alone
+    assert len(plan_pieces(specs, 10**9)) == 1

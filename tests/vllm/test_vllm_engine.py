@@ -166,7 +166,8 @@ needs_fp8_kv = pytest.mark.skipif(
 
 def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prompts, tiny):
     """The engine's worker joins its own gloo pair with a learner-side Publisher (here a
-    thread standing in for the learner actor) and reloads from views of what it received."""
+    thread standing in for the learner actor) and reloads from views of what it received,
+    in pieces of whole layers (small pieces here: several per version)."""
     import threading
 
     from opdflow.models import load_model
@@ -189,7 +190,8 @@ def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prom
         engine.join(handle.address, keys, handle.backend, 60)
         for t in opened:
             t.join()
-        sends = [threading.Thread(target=pub.send, args=(5, k)) for k in keys]
+        engine.piece_bytes = 2**18
+        sends = [threading.Thread(target=pub.send, args=(5, k, 2**18)) for k in keys]
         for t in sends:
             t.start()
         engine.receive(5, handle.specs, handle.nbytes)
