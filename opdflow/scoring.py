@@ -103,7 +103,7 @@ def _response_hidden(
         )
     finally:
         handle.remove()
-    mask_B_T = torch.from_numpy(np.asarray(batch.response_mask_B_T, dtype=bool)).to(device)
+    mask_B_T = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool), device=device)
     h_N_H = captured[0][:, P - 1 : P - 1 + T][mask_B_T]
     return h_N_H, ids[:, P : P + T][mask_B_T], mask_B_T
 
@@ -263,7 +263,7 @@ def token_logprobs(
     logdist_B_T_V = torch.log_softmax(logits_B_T_V, dim=-1)
     target = ids[:, P : P + T]
     logp_B_T = logdist_B_T_V.gather(-1, target[..., None]).squeeze(-1)
-    mask = torch.from_numpy(np.asarray(batch.response_mask_B_T, dtype=bool)).to(device)
+    mask = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool), device=device)
     logp_B_T = torch.where(mask, logp_B_T, torch.zeros_like(logp_B_T))
     return logp_B_T, logdist_B_T_V
 
