@@ -29,6 +29,12 @@ def bundle(res: StageResources) -> dict[str, float]:
     return b or {"CPU": LIGHT_CPU}
 
 
+def grouped_actors(cfg: PipelineConfig) -> dict[str, int]:
+    """Actors per stage that placement groups hold bundles for (the others: one): the
+    starting generator replicas and the learner's ranks."""
+    return {"generator": cfg.engine.replicas, "learner": cfg.resources.learner.workers}
+
+
 def actor_name(stage: str, index: int, count: int = 1) -> str:
     """How stages' actors are named (Stages.actors): generator[i]; a data-parallel learner's
     ranks learner[i]; the others (and a single learner) by stage."""
@@ -175,7 +181,7 @@ def check_sizes(cfg: PipelineConfig, nodes: list[dict[str, float]], names: list[
             )
     if r.placement.strategy != "STRICT_PACK":
         return
-    counts = {"generator": cfg.engine.replicas, "learner": r.learner.workers}
+    counts = grouped_actors(cfg)
     for stages in r.placement.groups:
         total: dict[str, float] = {}
         for stage in stages:
@@ -207,7 +213,7 @@ def fit(
     r, e = cfg.resources, cfg.engine
     free = [dict(n) for n in nodes]
     where: dict[str, int] = {}
-    placement = Placement(r, {"generator": e.replicas, "learner": r.learner.workers})
+    placement = Placement(r, grouped_actors(cfg))
     strategy = placement.strategy
 
     def left() -> str:

@@ -69,8 +69,18 @@ def connect(num_cpus: float | None = None) -> bool:
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     env = {"env_vars": QUIET_ENV}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=True)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        if _on_loopback(address):  # a cluster of this machine's own on 127.0.0.1: join it there
+            with loopback_node():
+                ray.init(
+                    address=address,
+                    _node_ip_address="127.0.0.1",
+                    runtime_env=env,
+                    log_to_driver=True,
+                )
+        else:
+            ray.init(address=address, runtime_env=env, log_to_driver=True)
         return False
     cpus = max(float(os.cpu_count() or 1), num_cpus or 0.0)
     with loopback_node():
@@ -84,3 +94,12 @@ def connect(num_cpus: float | None = None) -> bool:
             configure_logging=False,
         )
     return True
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether a GCS address "HOST:PORT" is on loopback (a Ray Client "ray://" address or
+    "auto" is not)."""
+    if "://" in address or ":" not in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"

@@ -276,7 +276,7 @@ class BatchScores:
     """log p(y_t | s_t), float32."""
     kl_B_T: np.ndarray | None = None
     """Exact KL(engine || model) over the vocabulary (where the batch carries the engine's
-    full log-distributions), float32."""
+    full log-distributions), float64."""
 
 
 @torch.no_grad()
@@ -294,7 +294,7 @@ def score_batch(
     B, T = batch.response_ids_B_T.shape
     logp = np.zeros((B, T), np.float32)
     exact = batch.logdist_engine_B_T_V is not None
-    kl = np.zeros((B, T), np.float32) if exact else None
+    kl = np.zeros((B, T), np.float64) if exact else None
     for rows in microbatch.of_batch(batch, budget):
         mb = batch.select(rows)
         s = score_tokens(
@@ -304,7 +304,7 @@ def score_batch(
         width = mb.response_ids_B_T.shape[1]
         logp[rows, :width] = s.logp_B_T.float().cpu().numpy()
         if kl is not None:
-            kl[rows, :width] = s.kl_B_T.float().cpu().numpy()
+            kl[rows, :width] = s.kl_B_T.cpu().numpy()
     return BatchScores(logp, kl)
 
 

@@ -20,7 +20,7 @@ from opdflow.config import PipelineConfig, StageResources
 from opdflow.data import PromptSampler, PromptSet, load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.models import ResolvedModels, resolve_models
-from opdflow.placement import Placement
+from opdflow.placement import Placement, grouped_actors
 from opdflow.profiler import Profiler
 from opdflow.raycluster import connect
 from opdflow.rundir import RunDir
@@ -120,7 +120,7 @@ class Stages:
         needed += r.learner.num_cpus * (r.learner.workers - 1)
         started = connect(needed)
         e, restarts = cfg.engine, cfg.reliability.max_restarts
-        placement = Placement(r, {"generator": e.replicas, "learner": r.learner.workers})
+        placement = Placement(r, grouped_actors(cfg))
         unplaced = placement.reserve(cfg.reliability.startup_timeout_s)
         if unplaced:
             have = ray.cluster_resources()

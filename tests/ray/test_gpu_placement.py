@@ -14,7 +14,7 @@ from ray.cluster_utils import Cluster
 from ray.util import placement_group, placement_group_table, remove_placement_group
 
 from opdflow.config import load_pipeline
-from opdflow.placement import Placement, bundle, fit, parse_cluster
+from opdflow.placement import Placement, bundle, fit, grouped_actors, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"
 NODE = {"num_cpus": 72, "num_gpus": 4, "node_ip_address": "127.0.0.1"}
@@ -48,7 +48,7 @@ def _node_of(pg) -> list[str]:
 def test_pipeline_groups_are_placed_as_fit_predicts(gpu_cluster, name):
     cfg = load_pipeline(f"{FILE}:{name}")
     predicted = fit(cfg, parse_cluster("2x4:72"))
-    placement = Placement(cfg.resources, {"generator": cfg.engine.replicas})
+    placement = Placement(cfg.resources, grouped_actors(cfg))
     try:
         assert placement.reserve(timeout_s=30) is None
         for names, pg in zip(placement.actors, placement.pgs):
@@ -73,7 +73,7 @@ def test_pipeline_groups_are_placed_as_fit_predicts(gpu_cluster, name):
 
 def test_more_gpus_than_the_cluster_has_are_not_placed(gpu_cluster):
     cfg = load_pipeline(f"{FILE}:student_7b", ["engine.replicas=5"])  # 4 + 5 GPUs > 8
-    placement = Placement(cfg.resources, {"generator": cfg.engine.replicas})
+    placement = Placement(cfg.resources, grouped_actors(cfg))
     try:
         missing = placement.reserve(timeout_s=3)
     finally:
