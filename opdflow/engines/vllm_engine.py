@@ -228,6 +228,13 @@ def cpu_thread_binding(tensor_parallel_size: int) -> str:
     return "|".join(",".join(str(c) for c in g) for g in groups)
 
 
+def _context(wanted: int | None, model_max: int | None) -> int | None:
+    """The engine's max_model_len: what the run needs, at most what the model has."""
+    if wanted is None or model_max is None:
+        return wanted or model_max
+    return min(wanted, model_max)
+
+
 class VLLMEngine:
     """A rollout engine on vLLM; `recipe` maps to vLLM's quantization / KV-cache options."""
 
@@ -245,7 +252,10 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool | None = None,
     ):
-        """enforce_eager / enable_prefix_caching None: decided by runtime_options."""
+        """enforce_eager / enable_prefix_caching None: decided by runtime_options.
+        max_model_len: the longest prompt + response the run asks for (capped at the model's
+        context), so vLLM plans its KV cache for the run's sequences, not the model's
+        longest (131k tokens for DeepSeek-R1-Distill-Qwen)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; CPU build only
         if tensor_parallel_size > 1:  # forked workers die under Ray: spawn them
@@ -277,7 +287,7 @@ class VLLMEngine:
             worker_extension_cls=f"{__name__}.WorkerExtension",
             logprobs_mode="processed_logprobs",
             max_logprobs=max(20, self.vocab_size if self.vocab_size <= MAX_LOGDIST_VOCAB else 0),
-            max_model_len=max_model_len or getattr(hf, "max_position_embeddings", None),
+            max_model_len=_context(max_model_len, getattr(hf, "max_position_embeddings", None)),
             **self.options,
             **options,
         )

@@ -134,7 +134,8 @@ class Stages:
                 "change resources.placement (strategy or groups), lower resources.*, or add nodes",
             )
         gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
-        vllm = {"tensor_parallel_size": e.tensor_parallel_size,
+        longest = d.max_prompt_tokens + e.max_new_tokens  # vLLM's max_model_len
+        vllm = {"tensor_parallel_size": e.tensor_parallel_size, "max_model_len": longest,
                 "gpu_memory_utilization": e.gpu_memory_utilization}  # fmt: skip
 
         def make_worker() -> Any:
@@ -199,6 +200,7 @@ class Stages:
                     "grader": d.grader,
                     "grader_timeout_s": d.grader_timeout_s,
                     "vllm_gpu_memory_utilization": cfg.eval.vllm_gpu_memory_utilization,
+                    "max_model_len": longest,
                     "keep_texts": cfg.eval.save_responses,
                 },
             ),

@@ -49,6 +49,7 @@ class Evaluator:
         grader_timeout_s: float = 5.0,
         vllm_gpu_memory_utilization: float = 0.4,
         keep_texts: bool = False,
+        max_model_len: int | None = None,
     ):
         from opdflow.grader import make_grader
         from opdflow.models import load_model
@@ -61,8 +62,9 @@ class Evaluator:
             from opdflow.engines.vllm_engine import VLLMEngine
 
             self.engine: Any = VLLMEngine(
-                student_path, pad, eos, "bf16", gpu_memory_utilization=vllm_gpu_memory_utilization
-            )
+                student_path, pad, eos, "bf16", max_model_len=max_model_len,
+                gpu_memory_utilization=vllm_gpu_memory_utilization,
+            )  # fmt: skip
             self.student = load_model(student_path, "bfloat16", str(self.device))
         else:
             from opdflow.engines.torch_engine import TorchEngine

@@ -42,3 +42,10 @@ def test_cpu_ranks_get_disjoint_cores(monkeypatch):
     assert cpu_thread_binding(1) == "0,1,2,3,5"
     with pytest.raises(ConfigError, match=r"tensor_parallel_size = 8 .* may use 5"):
         cpu_thread_binding(8)
+
+
+def test_the_engine_plans_for_the_runs_sequences_within_the_models_context():
+    from opdflow.engines.vllm_engine import _context
+
+    assert _context(2048 + 16384, 131072) == 18432  # dapo_math on a 131k-context model
+    assert _context(520, 256) == 256 and _context(None, 256) == 256
