@@ -46,7 +46,16 @@ _set_option = click.option(
     metavar="NxG[:C]",
     help="Also place every actor on N nodes of G GPUs (and C CPUs) each, e.g. 2x4:72.",
 )
-def validate(pipeline: str, overrides: tuple[str, ...], cluster: str | None) -> None:
+@click.option(
+    "--cluster-yaml",
+    default=None,
+    metavar="FILE",
+    help="Also place every actor on the nodes a Ray cluster launcher YAML or KubeRay manifest "
+    "declares (CPUs, GPUs, custom resources, max workers), e.g. cluster/aws-gpu.yaml.",
+)
+def validate(
+    pipeline: str, overrides: tuple[str, ...], cluster: str | None, cluster_yaml: str | None
+) -> None:
     """Load and validate PIPELINE (path.py[:function]) without starting Ray.
 
     Checks the config, not the files it names (run checks those when it starts)."""
@@ -54,17 +63,31 @@ def validate(pipeline: str, overrides: tuple[str, ...], cluster: str | None) -> 
 
     from opdflow.config import load_pipeline
 
+    if cluster and cluster_yaml:
+        raise click.UsageError("give either --cluster (a described cluster) or --cluster-yaml")
     cfg = load_pipeline(pipeline, list(overrides))
     click.echo(json.dumps(cfg.to_dict(), indent=2))
+    where: dict[str, str] = {}
     if cluster:
         from opdflow.placement import fit, parse_cluster
 
-        where = fit(cfg, parse_cluster(cluster))
-        for node in sorted(set(where.values())):
-            actors = ", ".join(a for a, n in where.items() if n == node)
-            click.echo(f"node {node}: {actors}", err=True)
-    fits = f" and fits {cluster}" if cluster else ""
+        where = {a: f"node {n}" for a, n in fit(cfg, parse_cluster(cluster)).items()}
+    elif cluster_yaml:
+        from opdflow.clusterfile import fit_cluster_file, load_cluster_file
+
+        where = fit_cluster_file(cfg, load_cluster_file(cluster_yaml))
+    for node in dict.fromkeys(sorted(where.values(), key=_node_order)):
+        actors = ", ".join(a for a, n in where.items() if n == node)
+        click.echo(f"{node}: {actors}", err=True)
+    fits = f" and fits {cluster or cluster_yaml}" if where else ""
     click.secho(f"{pipeline}: valid{fits}", fg="green", err=True)
+
+
+def _node_order(label: str) -> tuple:
+    """'node 10' after 'node 9'; 'rollout[10]' after 'rollout[9]'."""
+    import re
+
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label))
 
 
 @main.command()
@@ -111,6 +134,10 @@ def run(
 from opdflow.commands import report as _report  # noqa: E402
 
 main.add_command(_report.report)
+
+from opdflow.commands.export import export as _export  # noqa: E402
+
+main.add_command(_export)
 
 from opdflow.commands import quality as _quality  # noqa: E402
 

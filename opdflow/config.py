@@ -171,12 +171,24 @@ class DataConfig:
     """Responses sampled per prompt (the paper: 8)."""
     max_prompt_tokens: int = 512
     """Longer prompts are refused at load with the file and row named."""
+    grader: str = "exact"
+    """How a response's answer is checked against the reference, for held-out accuracy and
+    the RL baselines' reward: "exact" (the tiny task: the text after the last ':' equals the
+    answer) or "math" (math-verify: the response's \\boxed{} or last answer equals the
+    ground truth as mathematics, so 1/2, 0.5 and \\frac{1}{2} agree; DAPO-Math-17k, AIME,
+    MATH-500). With "math" every row of data.train and data.heldout needs a ground truth
+    math-verify can parse, checked at start (the error names the file, row and column)."""
+    grader_timeout_s: float = 5.0
+    """Seconds the "math" grader may spend on one answer (parsing and comparison); an answer
+    that takes longer counts as wrong."""
 
     def validate(self, path: str) -> None:
         self.task.validate(f"{path}.task")
         _positive(f"{path}.prompts_per_step", self.prompts_per_step)
         _positive(f"{path}.responses_per_prompt", self.responses_per_prompt)
         _positive(f"{path}.max_prompt_tokens", self.max_prompt_tokens)
+        _one_of(f"{path}.grader", self.grader, ("exact", "math"))
+        _positive(f"{path}.grader_timeout_s", self.grader_timeout_s)
 
 
 @dataclass
@@ -207,6 +219,13 @@ class EngineConfig:
     """Response length cap, in tokens."""
     exact_kl_max_vocab: int = 4096
     """Compute exact full-vocabulary KL when the vocabulary is at most this large."""
+    tensor_parallel_size: int = 1
+    """engine.kind = "vllm": GPUs one replica spans with tensor parallelism (one placement
+    bundle of that many GPUs on one node: resources.generator.num_gpus must equal it). GPUs
+    only; 1 on vLLM's CPU build."""
+    gpu_memory_utilization: float = 0.9
+    """engine.kind = "vllm" on GPUs: share of each of its GPUs a replica's vLLM may take
+    (weights, activations, CUDA graphs and KV cache). No effect on the CPU build."""
 
     def validate(self, path: str) -> None:
         _one_of(f"{path}.kind", self.kind, ("torch", "vllm"))
@@ -222,6 +241,17 @@ class EngineConfig:
         if not 0.0 < self.top_p <= 1.0:
             _fail(f"{path}.top_p", self.top_p, "a number in (0, 1]")
         _positive(f"{path}.max_new_tokens", self.max_new_tokens)
+        _in_range(f"{path}.tensor_parallel_size", self.tensor_parallel_size, 1, 64)
+        if self.tensor_parallel_size > 1 and self.kind != "vllm":
+            _fail(
+                f"{path}.tensor_parallel_size",
+                self.tensor_parallel_size,
+                "1 unless engine.kind = 'vllm' (TorchEngine runs on one device)",
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            _fail(
+                f"{path}.gpu_memory_utilization", self.gpu_memory_utilization, "a share in (0, 1]"
+            )
         if not isinstance(self.recipe, str) or not self.recipe.strip():
             _fail(f"{path}.recipe", self.recipe, 'a recipe name such as "bf16"')
         from opdflow.engines.recipes import parse_recipe  # light: no torch at import
@@ -337,12 +367,26 @@ class EvalConfig:
     """Held-out prompts generated together (times samples_per_prompt responses): the
     evaluator's memory (KV cache, logits) follows this, not eval.prompts. Each prompt's
     responses are seeded by its index, so batching does not change them."""
+    save_responses: bool = False
+    """Also write every held-out response's text, reference answer and grade, one parquet
+    file per evaluated version (heldout_responses/version_NNNNNN.parquet in the run
+    directory), to read what the student answers or grade it again."""
+    vllm_gpu_memory_utilization: float = 0.4
+    """engine.kind = "vllm" on GPUs: share of the evaluator's GPU its BF16 vLLM engine may
+    take; the rest holds the BF16 student and the teacher that score the responses. No
+    effect on the CPU build."""
 
     def validate(self, path: str) -> None:
         _positive(f"{path}.every", self.every)
         _positive(f"{path}.prompts", self.prompts)
         _positive(f"{path}.samples_per_prompt", self.samples_per_prompt)
         _in_range(f"{path}.batch_prompts", self.batch_prompts, 1, 2**31 - 1)
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            _fail(
+                f"{path}.vllm_gpu_memory_utilization",
+                self.vllm_gpu_memory_utilization,
+                "a share in (0, 1]",
+            )
 
 
 @dataclass

@@ -206,6 +206,24 @@ def accuracy_change(s: dict) -> str:
     return f"{a0:.1%} -> {a1:.1%} ({100 * (a1 - a0):+.1f} points)"
 
 
+def restarts_line(s: dict) -> str:
+    """'generator 2, teacher 1: cost 35% of updates/hour (RESTARTS SLOWED THIS RUN)', 'none',
+    or n/a for a summary from before opdflow recorded restarts."""
+    from opdflow.restarts import RESTART_FLAG_SHARE
+
+    counts = s.get("restarts")
+    if counts is None:
+        return "n/a (a run summary from before opdflow recorded them)"
+    if not counts:
+        return "none"
+    text = ", ".join(f"{stage} {n}" for stage, n in sorted(counts.items()))
+    cost = s.get("restart_slowdown", 0.0)
+    if cost is None or (isinstance(cost, float) and math.isnan(cost)):
+        return text + ": every step was hit"
+    flag = " (RESTARTS SLOWED THIS RUN)" if cost >= RESTART_FLAG_SHARE else ""
+    return f"{text}: cost {cost:.0%} of updates/hour{flag}"
+
+
 def print_summary(s: dict, console: Console | None = None) -> None:
     console = console or Console()
     t = Table(title="opdflow run summary", show_header=False)
@@ -231,5 +249,6 @@ def print_summary(s: dict, console: Console | None = None) -> None:
         f"{_fmt(s['d_stale_k1'], '.2e')} / {_fmt(s['d_stale_k3'], '.2e')}",
     )
     t.add_row("max staleness / dropped batches", f"{s['max_staleness']} / {s['dropped_batches']}")
+    t.add_row("stage restarts", restarts_line(s))
     t.add_row("run directory", s["run_dir"])
     console.print(t)

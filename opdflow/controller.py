@@ -13,9 +13,10 @@ Generation for step s is launched as soon as version s - k exists, with the fres
 version; batches flow stage to stage as ObjectRefs without touching the driver. The
 driver waits only for the batch of the step it trains next: that wait is trainer wait.
 A batch whose version broke the bound (k lowered after launch) is dropped and
-regenerated, and counted. Dead stage actors are restarted by Ray and their work re-run;
-a stuck one is killed after a deadline (supervisor.py). Checkpoints every N steps and on
-SIGINT/SIGTERM make a run resumable. Stage construction lives in `Stages`.
+regenerated, and counted. Dead stage actors are restarted by Ray and their work re-run,
+each restart recorded (restarts.py); a stuck one is killed after a deadline
+(supervisor.py). Checkpoints every N steps and on SIGINT/SIGTERM make a run resumable; a
+finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ray.exceptions import RayError
 
 from opdflow.checkpoint import Checkpoint, checkpoints_dir, load_latest
 from opdflow.config import ConfigError, PipelineConfig
+from opdflow.restarts import RestartLog, restart_slowdown
 from opdflow.rundir import RunDir
 from opdflow.stages.assembly import Stages
 from opdflow.staleness import StepObservation, launch_version, within_bound
@@ -183,6 +185,13 @@ def run_pipeline(
 
         rows = RowQueue(evaluated, emit, first)
         clock = StepClock(first, cfg.warmup_steps)
+        restarts = RestartLog()
+
+        def record_restarts(step: int) -> int:
+            hits = restarts.poll(st.actors(), step)
+            for hit in hits:
+                run.event("restart", **hit)
+            return len(hits)
 
         def on_timeout(stage: str, action: str) -> None:
             run.event("timeout", stage=stage, action=action)
@@ -227,6 +236,7 @@ def run_pipeline(
                     "live_weight_versions": len(store.live_versions()),
                     "weight_bytes_live": st.weight_bytes_live(),
                     "generator_replicas": st.pool.status()["ready"],
+                    "restarts": record_restarts(step),
                 }  # fmt: skip
                 rows.push(row, st.collect_evals(run, wait=False))
                 if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
@@ -236,8 +246,10 @@ def run_pipeline(
                         raise StopRequested(f"stopped after step {step} (checkpoint written); "
                                             f"resume with --resume {run.path}")  # fmt: skip
         rows.push(None, st.collect_evals(run, wait=True))
+        record_restarts(steps - 1)  # after the last row: in events and the summary only
         prof.finish(run)
         st.checkpoint(run, steps, {"dropped": dropped})
+        st.export_final(run, steps)
         summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
         run.write_json("summary.json", summary)
         return summary
@@ -252,7 +264,8 @@ def _checkpoint_due(done: int, every: int, steps: int) -> bool:
 
 
 def summarize(run: RunDir, record: list, dropped: int) -> dict:
-    """Start/end held-out KL and accuracy, throughput and mismatch over the run.
+    """Start/end held-out KL and accuracy, throughput and mismatch over the run, and stage
+    restarts (per stage, from events.jsonl) with the share of updates/hour they cost.
 
     Accuracy is the share of held-out responses whose answer matches the reference, NaN
     when the held-out prompts have no reference answers."""
@@ -309,5 +322,7 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
         "live_weight_versions_max": int(max(r["live_weight_versions"] for r in m)),
         "weight_bytes_live_max": int(max(r.get("weight_bytes_live", 0) for r in m)),
         "dropped_batches": dropped,
+        "restarts": run.restart_counts(),
+        "restart_slowdown": restart_slowdown(m, run.config().get("warmup_steps", 0)),
         "trained_steps_record": record,
     }

@@ -2,7 +2,9 @@
 
 Accepted schemas: a `prompt` string column, or a `prompt` column of chat-message lists
 ({role, content}, DAPO-Math-17k's schema) rendered with the tokenizer's chat template.
-Reference answers come from an `answer` column or DAPO's `reward_model.ground_truth`.
+Reference answers come from an `answer` column or DAPO's `reward_model.ground_truth`;
+with a grader (grader.py) every row's reference is checked at load, and a missing or
+unparsable one is refused naming the file, the row and the column.
 """
 
 from __future__ import annotations
@@ -47,19 +49,56 @@ def _render(value: Any, tokenizer, path: Path, row: int) -> str:
     )
 
 
-def _answer(row: dict[str, Any]) -> str | None:
-    if row.get("answer") is not None:
-        return str(row["answer"])
-    rm = row.get("reward_model")
-    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
-        return str(rm["ground_truth"])
-    return None
+def answer_column(columns: list[str]) -> str | None:
+    """Where a file's reference answers are: "answer", DAPO's "reward_model.ground_truth",
+    or None."""
+    if "answer" in columns:
+        return "answer"
+    return "reward_model.ground_truth" if "reward_model" in columns else None
+
+
+def _answer(row: dict[str, Any], column: str | None) -> str | None:
+    if column == "answer":
+        value = row.get("answer")
+    elif column is not None:
+        rm = row.get("reward_model")
+        value = rm.get("ground_truth") if isinstance(rm, dict) else None
+    else:
+        value = None
+    return None if value is None else str(value)
+
+
+def check_answers(path: Path, answers: list[str | None], column: str | None, grader: Any) -> None:
+    """Every row's reference answer can serve `grader` (grader.make_grader), or a ConfigError
+    naming the file, the first bad row and the column. A file without an answer column
+    passes for the "exact" grader (accuracy is then n/a), not for "math"."""
+    field = f"data.grader = {grader.kind!r}"
+    if column is None:
+        if grader.kind == "exact":
+            return
+        raise ConfigError(
+            f"prompt file {path} has no ground truth ({field} needs an 'answer' column or "
+            "DAPO's reward_model.ground_truth for every row); add one, or set data.grader=exact"
+        )
+    for i, answer in enumerate(answers):
+        why = grader.check_ground_truth(answer)
+        if why is not None:
+            raise ConfigError(
+                f"{path}: row {i}, column '{column}': ground truth {answer!r} is not usable "
+                f"({why}; {field}); write the reference answer there (e.g. '42' or "
+                "'\\frac{1}{2}') or drop the row"
+            )
 
 
 def load_prompts(
-    path: str | Path, tokenizer, max_prompt_tokens: int = 512, limit: int | None = None
+    path: str | Path,
+    tokenizer,
+    max_prompt_tokens: int = 512,
+    limit: int | None = None,
+    grader: Any = None,
 ) -> PromptSet:
-    """Read and tokenise a prompt parquet file; errors name the file, the column and the fix."""
+    """Read and tokenise a prompt parquet file; errors name the file, the column and the fix.
+    With a grader (grader.make_grader), also check every row's reference answer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -83,7 +122,10 @@ def load_prompts(
         table = table.slice(0, limit)
     rows = table.to_pylist()
     texts = [_render(r["prompt"], tokenizer, path, i) for i, r in enumerate(rows)]
-    answers = [_answer(r) for r in rows]
+    column = answer_column(table.column_names)
+    answers = [_answer(r, column) for r in rows]
+    if grader is not None:
+        check_answers(path, answers, column, grader)
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     for i, row_ids in enumerate(ids):
         if not row_ids:

@@ -79,7 +79,10 @@ class MeasureSession:
         self.prompts = load_prompts(
             self.paths.heldout, self.tokenizer, cfg.data.max_prompt_tokens, limit=num_prompts
         )
-        self.student = load_model(self.paths.student, "bfloat16")
+        from opdflow.device import stage_device
+
+        self.device = str(stage_device())  # a GPU where this process has one
+        self.student = load_model(self.paths.student, "bfloat16", self.device)
         if weights is not None:
             self.student.load_state_dict(weights, strict=True)
         self.num_layers = int(self.student.config.num_hidden_layers)
@@ -91,8 +94,13 @@ class MeasureSession:
         else:
             from opdflow.engines.torch_engine import TorchEngine as engine_cls
         tok = self.tokenizer
+        kwargs = {} if self.cfg.engine.kind == "vllm" else {"device": self.device}
         engine = engine_cls(
-            self.paths.student, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, recipe=recipe
+            self.paths.student,
+            pad_id=tok.pad_token_id,
+            eos_id=tok.eos_token_id,
+            recipe=recipe,
+            **kwargs,
         )
         if self.weights is not None:
             engine.load_weights(self.weights, 0)
@@ -100,12 +108,10 @@ class MeasureSession:
 
     def measure(self, recipe: str) -> Measurement:
         """Generate with `recipe`, rescore with the BF16 student, pool per prompt."""
-        import torch
-
         from opdflow.engines.base import GenerationRequest, SamplingParams
         from opdflow.engines.recipes import parse_recipe
         from opdflow.mismatch import MismatchStats
-        from opdflow.scoring import score_tokens
+        from opdflow.scoring import score_batch
         from opdflow.stats import pooled_ratio_ci
 
         text = parse_recipe(recipe).text
@@ -117,16 +123,13 @@ class MeasureSession:
             p.token_ids, list(range(len(p))), p.answers, self.n, self.seed, 0, params
         )
         batch = self._engine(text).generate(request)
-        with torch.no_grad():
-            scores = score_tokens(
-                self.student,
-                batch,
-                e.temperature,
-                ref_logdist_B_T_V=batch.logdist_engine_B_T_V if self.exact else None,
-                chunk_tokens=self.cfg.train.logit_chunk_tokens,
-            )
-        logp_bf16 = scores.logp_B_T.numpy()
-        kl = None if scores.kl_B_T is None else scores.kl_B_T.numpy()
+        if not self.exact:
+            batch = batch.replace(logdist_engine_B_T_V=None)
+        t = self.cfg.train
+        scores = score_batch(
+            self.student, batch, t.micro_batch_tokens, e.temperature, t.logit_chunk_tokens
+        )
+        logp_bf16, kl = scores.logp_B_T, scores.kl_B_T
         mask = batch.response_mask_B_T
         stats = MismatchStats.of(batch.logp_engine_B_T, logp_bf16, mask, kl)
         diff = np.where(mask, batch.logp_engine_B_T.astype(np.float64) - logp_bf16, 0.0)

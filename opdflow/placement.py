@@ -117,7 +117,7 @@ def parse_cluster(spec: str) -> list[dict[str, float]]:
 
 def check_gpu_shares(cfg: PipelineConfig) -> None:
     """GPU counts that tile a GPU: whole numbers, or 1/n so n actors fill one exactly; a
-    vLLM generator (one in-process worker, no tensor parallelism) takes one whole GPU."""
+    vLLM generator takes one whole GPU per tensor-parallel rank, all in its one bundle."""
     for stage in STAGES:
         g = getattr(cfg.resources, stage).num_gpus
         if 0 < g < 1 and abs(1 / g - round(1 / g)) > 1e-6:
@@ -129,11 +129,13 @@ def check_gpu_shares(cfg: PipelineConfig) -> None:
             raise ConfigError(
                 f"resources.{stage}.num_gpus = {g!r}: above 1 Ray takes whole GPUs only"
             )
-    g = cfg.resources.generator.num_gpus
-    if cfg.engine.kind == "vllm" and g not in (0, 1):
+    g, tp = cfg.resources.generator.num_gpus, cfg.engine.tensor_parallel_size
+    if cfg.engine.kind == "vllm" and g not in (0, tp):
         raise ConfigError(
-            f"resources.generator.num_gpus = {g!r} with engine.kind='vllm': VLLMEngine runs one "
-            "in-process worker (no tensor parallelism), so it takes 1 GPU (0: vLLM's CPU build)"
+            f"resources.generator.num_gpus = {g!r} with engine.kind='vllm' and "
+            f"engine.tensor_parallel_size = {tp}: a vLLM replica takes one whole GPU per "
+            f"tensor-parallel rank, so it takes {tp} GPU{'s' if tp > 1 else ''} (set "
+            f"resources.generator.num_gpus={tp}; 0: vLLM's CPU build)"
         )
 
 
@@ -146,8 +148,58 @@ def _take(free: dict[str, float], b: dict[str, float]) -> None:
         free[k] = free.get(k, 0.0) - v
 
 
-def fit(cfg: PipelineConfig, nodes: list[dict[str, float]]) -> dict[str, int]:
-    """Place every actor of `cfg` on `nodes` (resource dicts); returns actor -> node index.
+def describe(res: dict[str, float]) -> str:
+    """'8 CPU, 1 GPU, 1 rollout': CPUs and GPUs first, then custom resources."""
+    keys = [k for k in ("CPU", "GPU") if k in res] + sorted(
+        k for k in res if k not in ("CPU", "GPU")
+    )
+    return ", ".join(f"{res[k]:g} {k}" for k in keys) or "nothing"
+
+
+def _largest(nodes: list[dict[str, float]], names: list[str], asks: dict[str, float]) -> str:
+    """The largest node (GPUs, then CPUs) of those offering every custom resource `asks`
+    names, described; or which custom resources no node offers."""
+    custom = [k for k in asks if k not in ("CPU", "GPU")]
+    offering = [i for i, n in enumerate(nodes) if all(n.get(k, 0) > 0 for k in custom)]
+    if not offering:
+        return f"no node offers {', '.join(custom)}"
+    i = max(offering, key=lambda i: (nodes[i].get("GPU", 0.0), nodes[i].get("CPU", 0.0)))
+    with_custom = f" with {', '.join(custom)}" if custom else ""
+    return f"the largest node{with_custom}, {names[i]}, has {describe(nodes[i])}"
+
+
+def check_sizes(cfg: PipelineConfig, nodes: list[dict[str, float]], names: list[str]) -> None:
+    """Refuse a stage one of whose actors no node could hold even empty (or a STRICT_PACK
+    group no node could hold), naming the stage, what it asks and the largest node."""
+    r = cfg.resources
+    for stage in STAGES:
+        b = bundle(getattr(r, stage))
+        if not any(_fits(n, b) for n in nodes):
+            raise ConfigError(
+                f"resources.{stage} asks {describe(b)} per actor, more than any node has: "
+                f"{_largest(nodes, names, b)}"
+            )
+    if r.placement.strategy != "STRICT_PACK":
+        return
+    counts = grouped_actors(cfg)
+    for stages in r.placement.groups:
+        total: dict[str, float] = {}
+        for stage in stages:
+            for k, v in bundle(getattr(r, stage)).items():
+                total[k] = total.get(k, 0.0) + v * counts.get(stage, 1)
+        if not any(_fits(n, total) for n in nodes):
+            raise ConfigError(
+                f"resources.placement.groups: {'+'.join(stages)} (STRICT_PACK) asks "
+                f"{describe(total)} on one node, more than any node has: "
+                f"{_largest(nodes, names, total)}"
+            )
+
+
+def fit(
+    cfg: PipelineConfig, nodes: list[dict[str, float]], names: list[str] | None = None
+) -> dict[str, int]:
+    """Place every actor of `cfg` on `nodes` (resource dicts, called `names` in errors;
+    default "node i"); returns actor -> node index.
 
     Placement groups first, as Placement reserves them (STRICT_PACK: one node; PACK: one
     node if any holds the group, else bundle by bundle; SPREAD / STRICT_SPREAD: distinct
@@ -156,6 +208,8 @@ def fit(cfg: PipelineConfig, nodes: list[dict[str, float]]) -> dict[str, int]:
     a fit is a placement that works, a ConfigError names the actor that found no room.
     """
     check_gpu_shares(cfg)
+    labels = names or [f"node {i}" for i in range(len(nodes))]
+    check_sizes(cfg, nodes, labels)
     r, e = cfg.resources, cfg.engine
     free = [dict(n) for n in nodes]
     where: dict[str, int] = {}
@@ -164,7 +218,7 @@ def fit(cfg: PipelineConfig, nodes: list[dict[str, float]]) -> dict[str, int]:
 
     def left() -> str:
         return "; ".join(
-            f"node {i}: " + ", ".join(f"{v:g} {k}" for k, v in sorted(f.items()))
+            f"{labels[i]}: " + ", ".join(f"{v:g} {k}" for k, v in sorted(f.items()))
             for i, f in enumerate(free)
         )
 

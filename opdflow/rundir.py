@@ -2,7 +2,8 @@
 
 config.json (resolved), metrics.parquet (one row per learner step), heldout.parquet
 (per-prompt held-out KL per evaluated version, for paired statistics), events.jsonl
-(decisions: staleness changes, dropped batches), summary.json. Tables are rewritten
+(decisions: staleness changes, dropped batches, stage restarts), summary.json, final/ (the
+student as a Hugging Face checkpoint, export.py). Tables are rewritten
 atomically (temporary file then rename) so a crash leaves the last complete copy.
 """
 
@@ -88,6 +89,21 @@ class RunDir:
         with open(self.path / "events.jsonl", "a") as f:
             f.write(json.dumps({"time": time.time(), "event": kind, **fields}, default=str) + "\n")
 
+    def events(self) -> list[dict[str, Any]]:
+        """events.jsonl, in order ([] before the first event)."""
+        path = self.path / "events.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def restart_counts(self) -> dict[str, int]:
+        """Stage actor restarts recorded in events.jsonl, per stage (restarts.py)."""
+        counts: dict[str, int] = {}
+        for e in self.events():
+            if e.get("event") == "restart":
+                counts[e["stage"]] = counts.get(e["stage"], 0) + 1
+        return counts
+
     def add_metrics(self, row: dict[str, Any]) -> None:
         self.metrics.append(row)
         _write_table(self.path / "metrics.parquet", self.metrics)
@@ -99,6 +115,14 @@ class RunDir:
     def add_heldout(self, rows: list[dict[str, Any]]) -> None:
         self.heldout.extend(rows)
         _write_table(self.path / "heldout.parquet", self.heldout)
+
+    def write_heldout_responses(self, version: int, rows: list[dict[str, Any]]) -> Path:
+        """heldout_responses/version_NNNNNN.parquet: one evaluation's responses (eval.save_responses)."""
+        out = self.path / "heldout_responses"
+        out.mkdir(exist_ok=True)
+        path = out / f"version_{version:06d}.parquet"
+        _write_table(path, rows)
+        return path
 
 
 def same_config(path: str | Path, cfg: PipelineConfig) -> bool:

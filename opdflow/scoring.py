@@ -103,7 +103,7 @@ def _response_hidden(
         )
     finally:
         handle.remove()
-    mask_B_T = torch.from_numpy(np.asarray(batch.response_mask_B_T, dtype=bool)).to(device)
+    mask_B_T = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool), device=device)
     h_N_H = captured[0][:, P - 1 : P - 1 + T][mask_B_T]
     return h_N_H, ids[:, P : P + T][mask_B_T], mask_B_T
 
@@ -263,7 +263,7 @@ def token_logprobs(
     logdist_B_T_V = torch.log_softmax(logits_B_T_V, dim=-1)
     target = ids[:, P : P + T]
     logp_B_T = logdist_B_T_V.gather(-1, target[..., None]).squeeze(-1)
-    mask = torch.from_numpy(np.asarray(batch.response_mask_B_T, dtype=bool)).to(device)
+    mask = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool), device=device)
     logp_B_T = torch.where(mask, logp_B_T, torch.zeros_like(logp_B_T))
     return logp_B_T, logdist_B_T_V
 
@@ -276,7 +276,7 @@ class BatchScores:
     """log p(y_t | s_t), float32."""
     kl_B_T: np.ndarray | None = None
     """Exact KL(engine || model) over the vocabulary (where the batch carries the engine's
-    full log-distributions), float32."""
+    full log-distributions), float64."""
 
 
 @torch.no_grad()
@@ -294,7 +294,7 @@ def score_batch(
     B, T = batch.response_ids_B_T.shape
     logp = np.zeros((B, T), np.float32)
     exact = batch.logdist_engine_B_T_V is not None
-    kl = np.zeros((B, T), np.float32) if exact else None
+    kl = np.zeros((B, T), np.float64) if exact else None
     for rows in microbatch.of_batch(batch, budget):
         mb = batch.select(rows)
         s = score_tokens(
@@ -304,7 +304,7 @@ def score_batch(
         width = mb.response_ids_B_T.shape[1]
         logp[rows, :width] = s.logp_B_T.float().cpu().numpy()
         if kl is not None:
-            kl[rows, :width] = s.kl_B_T.float().cpu().numpy()
+            kl[rows, :width] = s.kl_B_T.cpu().numpy()
     return BatchScores(logp, kl)
 
 

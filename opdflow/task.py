@@ -107,7 +107,14 @@ def is_correct(response: str, answer: str | None) -> bool:
     return answer is not None and final_answer(response) == str(answer).strip()
 
 
-def correctness(batch, tok) -> np.ndarray:
-    """0/1 per response of a RolloutBatch: is its decoded text (EOS dropped) the answer?"""
-    texts = batch.response_texts(lambda ids: tok.decode([i for i in ids if i != tok.eos_token_id]))
-    return np.array([is_correct(t, a) for t, a in zip(texts, batch.answers)], dtype=np.float32)
+def decoded_responses(batch, tok) -> list[str]:
+    """Each response of a RolloutBatch as text (EOS and padding dropped)."""
+    return batch.response_texts(lambda ids: tok.decode([i for i in ids if i != tok.eos_token_id]))
+
+
+def correctness(batch, tok, grader=None, texts: list[str] | None = None) -> np.ndarray:
+    """0/1 per response of a RolloutBatch: does its decoded text (EOS dropped) answer right?
+    `grader(text, answer) -> bool` (grader.py; default: is_correct, the exact rule)."""
+    grade = grader or is_correct
+    texts = decoded_responses(batch, tok) if texts is None else texts
+    return np.array([grade(t, a) for t, a in zip(texts, batch.answers)], dtype=np.float32)

@@ -1,6 +1,7 @@
 """The paper's setups on GPUs: 1.5B and 7B students on DAPO-Math-17k with vLLM rollouts.
 
     opdflow validate pipelines/dapo_math.py:student_7b --cluster 2x4:72
+    opdflow validate pipelines/dapo_math.py:student_7b --cluster-yaml cluster/aws-gpu.yaml
     OPDFLOW_MODELS=/ckpt OPDFLOW_DATA=/data opdflow submit pipelines/dapo_math.py:student_7b ...
 
 As the paper states them: students DeepSeek-R1-Distill-Qwen-7B and -1.5B, each taught by
@@ -15,7 +16,10 @@ with activation checkpointing per decoder layer; a learner micro-batch holds one
 full-length response for 7B (2,048 + 16,384 tokens: ~4 GB of checkpointed layer inputs
 plus one layer's activations) and two for 1.5B; the rescorer, teacher and evaluator's
 prefill use the same budget; the evaluator generates 32 (7B) or 64 (1.5B) held-out
-prompts at a time (~30 GB of BF16 KV cache at 16k tokens).
+prompts at a time with a BF16 vLLM engine (40% of its GPU; the BF16 student and the teacher
+that score the responses hold the rest). Answers are graded by math-verify
+(data.grader = "math": `\\boxed{}` answers against DAPO's ground truth and the held-out
+set's answers, 1/2 = 0.5 = \\frac{1}{2}), for held-out accuracy and RL baselines.
 
 Nothing is downloaded. Checkpoints are local Hugging Face directories under
 $OPDFLOW_MODELS (default ./models), prompts local parquet files under $OPDFLOW_DATA
@@ -66,6 +70,7 @@ def _paper(
             prompts_per_step=8,
             responses_per_prompt=8,
             max_prompt_tokens=2048,  # assumed: DAPO prompts are a few hundred tokens
+            grader="math",  # \boxed{} answers in equivalent forms
         ),
         engine=EngineConfig(kind="vllm", recipe="bf16", replicas=4, max_new_tokens=16384),
         train=TrainConfig(
@@ -137,6 +142,21 @@ def student_7b_2x8() -> PipelineConfig:
     cfg.resources.placement.groups = [["learner", "rescorer", "teacher", "evaluator"]]
     cfg.engine.replicas = 10
     cfg.train.micro_batch_tokens = 36864
+    return cfg
+
+
+def student_7b_tp2() -> PipelineConfig:
+    """The 7B standard run with tensor-parallel vLLM replicas: 2 replicas of 2 GPUs each (one
+    placement bundle of 2 GPUs per replica) on the rollout node, for responses whose KV
+    cache outgrows one GPU.
+
+        opdflow validate pipelines/dapo_math.py:student_7b_tp2 --cluster 2x4:72
+    """
+    cfg = student_7b()
+    cfg.name = "dapo-7b-tp2"
+    cfg.engine.tensor_parallel_size = 2
+    cfg.engine.replicas = 2
+    cfg.resources.generator.num_gpus = 2
     return cfg
 
 

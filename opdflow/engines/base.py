@@ -38,6 +38,26 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
 
 
+def merge_requests(requests: list[GenerationRequest]) -> GenerationRequest:
+    """One request holding all of `requests`' prompts, in order (the first one's seed): a
+    replica then samples them in one engine call, one batch."""
+    if len(requests) == 1:
+        return requests[0]
+    first = requests[0]
+    for r in requests[1:]:
+        if (r.n, r.version, r.params) != (first.n, first.version, first.params):
+            raise ValueError("only requests of one step (same n, version, sampling) merge")
+    return GenerationRequest(
+        [p for r in requests for p in r.prompt_ids],
+        [i for r in requests for i in r.prompt_index],
+        [a for r in requests for a in r.answers],
+        first.n,
+        first.seed,
+        first.version,
+        first.params,
+    )
+
+
 class Engine(Protocol):
     version: int
 

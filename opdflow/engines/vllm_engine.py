@@ -10,9 +10,15 @@ milliseconds, not an engine restart.
 The same extension gives `fp8_kv` the emulation's KV scales (amax of each prefill, see
 recipes.py), which vLLM has no option for; `fp8_kv(scale=unit)` is vLLM's own FP8 cache.
 
-Inside a Ray actor vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0 with the
-"uni" executor): its own worker process dies under Ray at the first generate. Only this
-module imports vllm (`pip install opdflow[vllm]`).
+Throughput settings: CUDA graphs on GPUs (eager on vLLM's CPU build, where compiling adds
+~20 s of startup for nothing), prefix caching on (a step samples each prompt
+responses_per_prompt times: the prompt's KV cache is computed once; the cache is reset at
+every weights update, as cached blocks belong to the old weights), and
+`tensor_parallel_size` GPUs per replica. Inside a Ray actor vLLM runs in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0 with the "uni" executor): its own worker process dies
+under Ray at the first generate. A tensor-parallel replica needs one worker per GPU: vLLM's
+"mp" executor with spawned workers (VLLM_WORKER_MULTIPROC_METHOD=spawn), each on one of the
+GPUs Ray gave the actor. Only this module imports vllm (`pip install opdflow[vllm]`).
 """
 
 from __future__ import annotations
@@ -196,6 +202,66 @@ class WorkerExtension:
         }
 
 
+def on_gpu() -> bool:
+    """Whether vLLM runs on a CUDA GPU here (not its CPU build)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda_alike())
+
+
+def runtime_options(
+    kv_amax: bool,
+    tensor_parallel_size: int,
+    gpu: bool,
+    enforce_eager: bool | None = None,
+    enable_prefix_caching: bool | None = None,
+) -> dict[str, Any]:
+    """The `LLM(...)` arguments that decide throughput, resolved for this machine.
+
+    CUDA graphs (enforce_eager=False) on GPUs, eager on the CPU build; prefix caching on;
+    a tensor-parallel replica gets vLLM's multiprocessing executor (one worker per GPU),
+    one GPU or the CPU build the in-process "uni" executor. The fp8_kv amax rule sets its
+    KV scales from each generation's prefill through forward hooks, so it runs eager (the
+    hooks do not run inside a CUDA graph) and without prefix caching (a block cached under
+    an earlier generation's scales would be read with this one's)."""
+    if kv_amax and enforce_eager is False:
+        raise ConfigError(
+            "engine.recipe = 'fp8_kv' on vLLM sets FP8 KV scales from each prefill "
+            "through forward hooks, which need eager mode; use fp8_kv(scale=unit) for an "
+            "engine with CUDA graphs"
+        )
+    eager = (not gpu or kv_amax) if enforce_eager is None else enforce_eager
+    caching = (not kv_amax) if enable_prefix_caching is None else enable_prefix_caching
+    return {
+        "enforce_eager": eager,
+        "enable_prefix_caching": caching,
+        "tensor_parallel_size": tensor_parallel_size,
+        "distributed_executor_backend": "mp" if tensor_parallel_size > 1 else "uni",
+    }
+
+
+def cpu_thread_binding(tensor_parallel_size: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a tensor-parallel replica on vLLM's CPU build: this
+    process's cores split into one group per rank ("0|1", "0,1,2,3|4,5,6,7"). vLLM's own
+    default binds one NUMA node per rank and refuses machines with fewer nodes than ranks."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < tensor_parallel_size:
+        raise ConfigError(
+            f"engine.tensor_parallel_size = {tensor_parallel_size} on vLLM's CPU build needs a "
+            f"core per rank; this process may use {len(cpus)}"
+        )
+    per = len(cpus) // tensor_parallel_size
+    groups = [cpus[i * per : (i + 1) * per] for i in range(tensor_parallel_size)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def _context(wanted: int | None, model_max: int | None) -> int | None:
+    """The engine's max_model_len: what the run needs, at most what the model has."""
+    if wanted is None or model_max is None:
+        return wanted or model_max
+    return min(wanted, model_max)
+
+
 class VLLMEngine:
     """A rollout engine on vLLM; `recipe` maps to vLLM's quantization / KV-cache options."""
 
@@ -207,23 +273,36 @@ class VLLMEngine:
         recipe: str = "bf16",
         dtype: str = "bfloat16",
         max_model_len: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         seed: int = 0,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        enable_prefix_caching: bool | None = None,
     ):
+        """enforce_eager / enable_prefix_caching None: decided by runtime_options.
+        max_model_len: the longest prompt + response the run asks for (capped at the model's
+        context), so vLLM plans its KV cache for the run's sequences, not the model's
+        longest (131k tokens for DeepSeek-R1-Distill-Qwen)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; CPU build only
+        if tensor_parallel_size > 1:  # forked workers die under Ray: spawn them
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from transformers import AutoConfig
         from vllm import LLM
 
         hf = AutoConfig.from_pretrained(model_path)
         options = engine_options(recipe, int(hf.num_hidden_layers))
         self.kv_amax = vllm_options(recipe, int(hf.num_hidden_layers))["kv_cache_scale"] == "amax"
-        if self.kv_amax and not enforce_eager:
-            raise ConfigError(
-                f"engine.recipe = {recipe!r} on vLLM sets FP8 KV scales from each prefill "
-                "through forward hooks, which need enforce_eager=True; use "
-                "fp8_kv(scale=unit) for a compiled engine"
+        gpu = on_gpu()
+        if tensor_parallel_size > 1 and not gpu:
+            os.environ.setdefault(
+                "VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(tensor_parallel_size)
             )
+        self.options = runtime_options(
+            self.kv_amax, tensor_parallel_size, gpu, enforce_eager, enable_prefix_caching
+        )
+        if gpu:
+            self.options["gpu_memory_utilization"] = gpu_memory_utilization
         self.vocab_size = int(hf.vocab_size)
         self.pad_id, self.eos_id, self.recipe = pad_id, eos_id, recipe
         self.version = 0
@@ -232,21 +311,22 @@ class VLLMEngine:
             skip_tokenizer_init=True,  # token ids in and out; the tokenizer lives elsewhere
             dtype=dtype,
             seed=seed,
-            enforce_eager=enforce_eager,  # torch.compile adds ~20 s of startup on CPU
-            distributed_executor_backend="uni",
             worker_extension_cls=f"{__name__}.WorkerExtension",
             logprobs_mode="processed_logprobs",
             max_logprobs=max(20, self.vocab_size if self.vocab_size <= MAX_LOGDIST_VOCAB else 0),
-            max_model_len=max_model_len or getattr(hf, "max_position_embeddings", None),
-            enable_prefix_caching=False,
+            max_model_len=_context(max_model_len, getattr(hf, "max_position_embeddings", None)),
+            **self.options,
             **options,
         )
         if self.kv_amax:
             self.llm.collective_rpc("opdflow_install_kv_amax")
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
-        """Copy a weights version into the running engine (no restart, no new KV cache)."""
+        """Copy a weights version into the running engine (no restart, no new KV cache) and
+        drop the prefix cache: its blocks hold keys and values of the old weights."""
         self.llm.collective_rpc("opdflow_reload", args=(list(state.items()),))
+        if self.options["enable_prefix_caching"]:
+            self.llm.reset_prefix_cache()
         self.version = version
 
     # A collective weights version is received by each vLLM worker on its own pair with the
@@ -268,6 +348,8 @@ class VLLMEngine:
 
     def receive(self, version: int, specs: tuple, nbytes: int) -> None:
         self.llm.collective_rpc("opdflow_receive", args=(version, specs, nbytes, self.piece_bytes))
+        if self.options["enable_prefix_caching"]:
+            self.llm.reset_prefix_cache()
         self.version = version
 
     def generate(self, request: GenerationRequest) -> RolloutBatch:

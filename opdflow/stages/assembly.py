@@ -19,7 +19,7 @@ from opdflow.checkpoint import Checkpoint
 from opdflow.config import PipelineConfig, StageResources
 from opdflow.data import PromptSampler, PromptSet, load_prompts
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.models import resolve_models
+from opdflow.models import ResolvedModels, resolve_models
 from opdflow.placement import Placement, grouped_actors
 from opdflow.profiler import Profiler
 from opdflow.raycluster import connect
@@ -64,13 +64,16 @@ def weights_transport(cfg: PipelineConfig) -> str:
     return resolve(cfg.weights.transport, r.learner.num_gpus, consumers)
 
 
-def _actor(cls: Any, res: StageResources, restarts: int, *args: Any, scheduling: Any = None) -> Any:
+def _actor(
+    cls: Any, res: StageResources, restarts: int, *args: Any, scheduling: Any = None,
+    **kwargs: Any,
+) -> Any:  # fmt: skip
     """An actor of `cls` (a plain class, or one already wrapped by ray.remote)."""
     opts = actor_options(res, max_restarts=restarts)
     if scheduling is not None:
         opts["scheduling_strategy"] = scheduling
     remote = cls if hasattr(cls, "remote") else ray.remote(cls)
-    return remote.options(**opts).remote(*args)
+    return remote.options(**opts).remote(*args, **kwargs)
 
 
 @dataclass
@@ -97,12 +100,15 @@ class Stages:
     the versions it was told were still needed then ("needed")."""
     started_ray: bool = False
     placement: Placement | None = None
+    models: ResolvedModels | None = None
+    """Local paths of the student, teacher, tokenizer and prompt files."""
     checkpoint_root: Path | None = None
     """Where checkpoints go (reliability.checkpoint_dir, or the run directory's)."""
     t0: float = field(default_factory=time.perf_counter)
 
     @classmethod
     def start(cls, cfg: PipelineConfig, checkpoint_root: Path, log=print) -> Stages:
+        from opdflow.grader import make_grader
         from opdflow.stages.evaluator import EvaluatorActor
         from opdflow.stages.generator import GeneratorPool, GeneratorWorker
         from opdflow.stages.rescorer import RescorerActor
@@ -111,9 +117,11 @@ class Stages:
 
         paths = resolve_models(cfg, log=log)
         tok = load_tokenizer(paths.tokenizer)
-        train_set = load_prompts(paths.train, tok, cfg.data.max_prompt_tokens)
+        d = cfg.data
+        grader = make_grader(d.grader, d.grader_timeout_s)  # checks every row's reference
+        train_set = load_prompts(paths.train, tok, d.max_prompt_tokens, grader=grader)
         heldout_set = load_prompts(
-            paths.heldout, tok, cfg.data.max_prompt_tokens, limit=cfg.eval.prompts
+            paths.heldout, tok, d.max_prompt_tokens, limit=cfg.eval.prompts, grader=grader
         )
         if len(heldout_set) < cfg.eval.prompts:
             from opdflow.config import ConfigError
@@ -143,6 +151,9 @@ class Stages:
                 "change resources.placement (strategy or groups), lower resources.*, or add nodes",
             )
         gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
+        longest = d.max_prompt_tokens + e.max_new_tokens  # vLLM's max_model_len
+        vllm = {"tensor_parallel_size": e.tensor_parallel_size, "max_model_len": longest,
+                "gpu_memory_utilization": e.gpu_memory_utilization}  # fmt: skip
 
         def make_worker() -> Any:
             return _actor(
@@ -152,6 +163,9 @@ class Stages:
                 *gen_args,
                 r.generator.torch_threads,
                 paths.tokenizer,
+                d.grader,
+                d.grader_timeout_s,
+                vllm if e.kind == "vllm" else None,
                 scheduling=placement.scheduling("generator"),
             )
 
@@ -198,6 +212,14 @@ class Stages:
                 budget,
                 cfg.eval.batch_prompts,
                 scheduling=placement.scheduling("evaluator"),
+                options={
+                    "engine_kind": e.kind,
+                    "grader": d.grader,
+                    "grader_timeout_s": d.grader_timeout_s,
+                    "vllm_gpu_memory_utilization": cfg.eval.vllm_gpu_memory_utilization,
+                    "max_model_len": longest,
+                    "keep_texts": cfg.eval.save_responses,
+                },
             ),
             train_set=train_set,
             heldout_set=heldout_set,
@@ -207,6 +229,7 @@ class Stages:
             transport=weights_transport(cfg),
             started_ray=started,
             placement=placement,
+            models=paths,
             checkpoint_root=Path(checkpoint_root),
         )
         st.await_started(cfg.reliability.startup_timeout_s)
@@ -333,6 +356,20 @@ class Stages:
         checkpoint.commit(root, staging, step, state, self.cfg.reliability.keep_checkpoints)
         run.event("checkpoint", step=step)
 
+    def export_final(self, run: RunDir, step: int) -> Path:
+        """The finished run's student as a Hugging Face checkpoint in RUN_DIR/final/ (from
+        the checkpoint of `step`, just written; export.py)."""
+        from opdflow.export import export_checkpoint
+
+        root = self.checkpoint_root or checkpoint.checkpoints_dir(run.path)
+        assert self.models is not None
+        out = export_checkpoint(
+            root / f"step_{step:06d}", self.models.student, self.models.tokenizer,
+            run.path / "final", overwrite=True,
+        )  # fmt: skip
+        run.event("export", step=step, path=str(out))
+        return out
+
     def requests(self, step: int, attempt: int, version: int) -> list[GenerationRequest]:
         """The step's prompts split across replicas (same prompts on every attempt)."""
         rows = self.sampler.rows_for(step)
@@ -392,6 +429,12 @@ class Stages:
                     )
                 ]
             )
+            if "texts" in res:
+                run.write_heldout_responses(version, [
+                    {"version": version, "prompt_index": i, "response": text,
+                     "answer": answer, "correct": right}
+                    for i, text, answer, right in res["texts"]
+                ])  # fmt: skip
             done[version] = {
                 "heldout_version": version,
                 "heldout_kl": res["kl"],

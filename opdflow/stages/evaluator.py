@@ -9,7 +9,11 @@ of the learner's token budget, so memory does not grow with the number of held-o
 (530 problems of 16k tokens would need ~0.5 TB of KV cache at once).
 
 Responses always come from the standard engine, never the run's own recipe, so runs
-with different rollout engines are compared on equal footing (the paper's metric).
+with different rollout engines are compared on equal footing (the paper's metric). That
+engine is the run's engine kind at BF16: TorchEngine, or with engine.kind = "vllm" a BF16
+VLLMEngine (vLLM's fast sampling), whose responses a BF16 transformers student then scores
+(scoring stays in the training engine's code, the KL needs full distributions). Accuracy
+grades each response with the run's grader (grader.py: "exact" or "math").
 `Evaluator` computes on its device with no Ray; `EvaluatorActor` wraps it.
 """
 
@@ -24,11 +28,11 @@ from opdflow.device import stage_device
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
 from opdflow.stages import StageActor, pin_threads
-from opdflow.task import correctness
+from opdflow.task import correctness, decoded_responses
 
 
 class Evaluator:
-    """Standard BF16 student engine plus the teacher."""
+    """Standard BF16 student engine (TorchEngine or vLLM) plus the teacher."""
 
     def __init__(
         self,
@@ -39,20 +43,41 @@ class Evaluator:
         micro_batch_tokens: int = 0,
         batch_prompts: int = 64,
         device: str | None = None,
+        *,
+        engine_kind: str = "torch",
+        grader: str = "exact",
+        grader_timeout_s: float = 5.0,
+        vllm_gpu_memory_utilization: float = 0.4,
+        keep_texts: bool = False,
+        max_model_len: int | None = None,
     ):
-        from opdflow.engines.torch_engine import TorchEngine
+        from opdflow.grader import make_grader
         from opdflow.models import load_model
         from opdflow.tokenizer import load_tokenizer
 
         self.device = stage_device(device)
         self.tok = load_tokenizer(tokenizer_path)
-        self.engine = TorchEngine(
-            student_path, self.tok.pad_token_id, self.tok.eos_token_id, "bf16", str(self.device)
-        )
+        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        if engine_kind == "vllm":  # vLLM first: on a GPU it sizes itself by the free memory
+            from opdflow.engines.vllm_engine import VLLMEngine
+
+            self.engine: Any = VLLMEngine(
+                student_path, pad, eos, "bf16", max_model_len=max_model_len,
+                gpu_memory_utilization=vllm_gpu_memory_utilization,
+            )  # fmt: skip
+            self.student = load_model(student_path, "bfloat16", str(self.device))
+        else:
+            from opdflow.engines.torch_engine import TorchEngine
+
+            self.engine = TorchEngine(student_path, pad, eos, "bf16", str(self.device))
+            self.student = self.engine.model  # the engine's own BF16 model scores
+        self.engine_kind = engine_kind
         self.teacher = load_model(teacher_path, "bfloat16", str(self.device))
         self.chunk_tokens = chunk_tokens
         self.micro_batch_tokens = micro_batch_tokens
         self.batch_prompts = batch_prompts
+        self.grader = make_grader(grader, grader_timeout_s)
+        self.keep_texts = keep_texts
 
     @property
     def version(self) -> int:
@@ -60,6 +85,8 @@ class Evaluator:
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         self.engine.load_weights(state, version)
+        if self.student is not getattr(self.engine, "model", None):
+            self.student.load_state_dict(state, strict=True)
 
     @torch.no_grad()
     def heldout(
@@ -73,9 +100,11 @@ class Evaluator:
         """Held-out KL and accuracy of the current weights: pooled, and per prompt.
 
         Prompts lo..lo+batch_prompts are sampled with seed + lo: the same responses on
-        every evaluation of a run and across runs with the same eval settings."""
+        every evaluation of a run and across runs with the same eval settings. With
+        keep_texts the result also has "texts": (prompt index, response, answer, 0/1) rows."""
         P = len(prompt_ids)
         kl_sum_P, tok_P, acc_P = np.zeros(P), np.zeros(P, np.int64), np.zeros(P)
+        kept: list[tuple[int, str, str | None, float]] = []
         for lo in range(0, P, self.batch_prompts):
             hi = min(lo + self.batch_prompts, P)
             req = GenerationRequest(
@@ -84,12 +113,17 @@ class Evaluator:
             )  # fmt: skip
             batch = self.engine.generate(req)
             kl_B_T = exact_kl_batch(
-                self.engine.model, self.teacher, batch, self.micro_batch_tokens, self.chunk_tokens
+                self.student, self.teacher, batch, self.micro_batch_tokens, self.chunk_tokens
             )
             mask = batch.response_mask_B_T
             kl_sum_P[lo:hi] = (kl_B_T * mask).sum(1).reshape(hi - lo, n).sum(1)
             tok_P[lo:hi] = mask.sum(1).reshape(hi - lo, n).sum(1)
-            acc_P[lo:hi] = correctness(batch, self.tok).astype(float).reshape(hi - lo, n).mean(1)
+            texts = decoded_responses(batch, self.tok)
+            right_B = correctness(batch, self.tok, self.grader, texts).astype(float)
+            acc_P[lo:hi] = right_B.reshape(hi - lo, n).mean(1)
+            if self.keep_texts:
+                kept += [(int(i), t, a, float(r)) for i, t, a, r in
+                         zip(batch.prompt_index_B, texts, batch.answers, right_B)]  # fmt: skip
         return {
             "version": self.engine.version,
             "kl": float(kl_sum_P.sum() / max(tok_P.sum(), 1)),
@@ -97,6 +131,7 @@ class Evaluator:
             "kl_sum_P": kl_sum_P.tolist(),
             "tokens_P": tok_P.tolist(),
             "accuracy_P": acc_P.tolist(),
+            **({"texts": kept} if self.keep_texts else {}),
         }
 
 
@@ -104,9 +139,13 @@ class EvaluatorActor(StageActor):
     """The evaluator as a Ray actor: fetches the version to evaluate, records its span."""
 
     def __init__(self, student_path: str, teacher_path: str, tokenizer_path: str, threads: int,
-                 *args: Any):  # fmt: skip
+                 *args: Any, options: dict[str, Any] | None = None):  # fmt: skip
         pin_threads(threads)
-        self.stage = Evaluator(student_path, teacher_path, tokenizer_path, *args)
+        self.stage = Evaluator(student_path, teacher_path, tokenizer_path, *args, **(options or {}))
+
+    def engine_kind(self) -> str:
+        """Which engine generates the held-out responses ("torch" or "vllm")."""
+        return self.stage.engine_kind
 
     def heldout(
         self,

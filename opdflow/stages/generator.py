@@ -1,7 +1,8 @@
 """The generator stage: rollout-engine replicas and the pool that routes work to them.
 
-A step's prompt groups are split across replicas (least busy first); each replica
-fetches the weights version it is told to use from the object store only when it changes.
+A step's prompt groups are split across replicas (least busy first), each replica getting
+all of its share in one call; each replica fetches the weights version it is told to use
+from the object store only when it changes.
 The pool keeps between min and max replicas: it adds one when the scheduler asks for more
 generation or queued work exceeds the ready replicas, and retires a replica idle for a
 grace period. A new replica is created without waiting (on a cluster its resource request
@@ -20,7 +21,7 @@ from typing import Any
 
 import ray
 
-from opdflow.engines.base import GenerationRequest
+from opdflow.engines.base import GenerationRequest, merge_requests
 from opdflow.rollout import RolloutBatch
 from opdflow.stages import StageActor, pin_threads
 from opdflow.supervisor import Link
@@ -38,12 +39,18 @@ class GeneratorWorker(StageActor):
         recipe: str,
         threads: int,
         tokenizer_path: str | None = None,
+        grader: str = "exact",
+        grader_timeout_s: float = 5.0,
+        vllm_options: dict[str, Any] | None = None,
     ):
+        """`vllm_options`: VLLMEngine keywords (tensor_parallel_size, gpu_memory_utilization)."""
         pin_threads(threads)
-        if kind == "vllm":  # vLLM places itself on the GPU Ray gave this actor
+        if kind == "vllm":  # vLLM places itself on the GPU(s) Ray gave this actor
             from opdflow.engines.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe)
+            self.engine = VLLMEngine(
+                model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe, **(vllm_options or {})
+            )
         else:
             from opdflow.device import stage_device
             from opdflow.engines.torch_engine import TorchEngine
@@ -51,9 +58,11 @@ class GeneratorWorker(StageActor):
             self.engine = TorchEngine(model_path, pad_id, eos_id, recipe, str(stage_device()))
         self.tok = None  # with a tokenizer, batches carry the 0/1 correctness reward
         if tokenizer_path is not None:
+            from opdflow.grader import make_grader
             from opdflow.tokenizer import load_tokenizer
 
             self.tok = load_tokenizer(tokenizer_path)
+            self.grader = make_grader(grader, grader_timeout_s)
 
     def generate(
         self, request: GenerationRequest, weights_box: list, step: int = -1
@@ -65,7 +74,7 @@ class GeneratorWorker(StageActor):
         if self.tok is not None and any(a is not None for a in batch.answers):
             from opdflow.task import correctness
 
-            batch.reward_B = correctness(batch, self.tok)
+            batch.reward_B = correctness(batch, self.tok, self.grader)
         return batch
 
     def generate_timed(
@@ -201,17 +210,26 @@ class GeneratorPool:
         return sum(b for _, b in self._busy)
 
     # ------------------------------------------------------------ work
+    def assign(self, requests: list[GenerationRequest]) -> list[tuple[Replica, GenerationRequest]]:
+        """Which replica samples what: one step's requests go to distinct replicas, least
+        busy first, and a replica given more than one (more requests than replicas) gets
+        them merged into one request. Each replica thus gets all of the step's work for it
+        in one call, sampled as one batch (vLLM batches and prefix-caches within a call)."""
+        targets = sorted(self._routable(), key=lambda r: len(r.inflight))
+        share: dict[int, list[GenerationRequest]] = {}
+        for i, req in enumerate(requests):
+            share.setdefault(i % len(targets), []).append(req)
+        return [(targets[t], merge_requests(reqs)) for t, reqs in sorted(share.items())]
+
     def submit(
         self, requests: list[GenerationRequest], weights_ref: Any, step: int = -1
     ) -> list[Link]:
-        """Launch each request on the least busy ready replica; returns one Link per request."""
+        """Launch one step's requests (see `assign`); returns one Link per replica used."""
         self._refresh()
         if requests:
             self._latest = (requests[0].version, weights_ref)
-        targets = self._routable()
         links = []
-        for req in requests:
-            rep = min(targets, key=lambda r: len(r.inflight))
+        for rep, req in self.assign(requests):
             batch_ref, t_ref = rep.handle.generate_timed.options(num_returns=2).remote(
                 req, [weights_ref], step
             )

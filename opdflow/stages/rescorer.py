@@ -50,7 +50,7 @@ class Rescorer:
         )
         return batch.replace(
             logp_rescore_B_T=scores.logp_B_T,
-            kl_engine_exact_B_T=scores.kl_B_T,
+            kl_engine_exact_B_T=None if scores.kl_B_T is None else scores.kl_B_T.astype("float32"),
             logdist_engine_B_T_V=None,
         )
 

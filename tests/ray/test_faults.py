@@ -75,6 +75,10 @@ def test_runs_survive_killed_stage_processes(seed, k, tmp_path, ray_local, tiny)
     assert len(killer.killed) == 5
     _check_exactly_once_within_bound(summary, run, k)
     assert summary["heldout_version_end"] == STEPS
+    killed: dict[str, int] = {}
+    for _, name in killer.killed:
+        killed[name.split("[")[0]] = killed.get(name.split("[")[0], 0) + 1
+    assert summary["restarts"] == killed  # every kill is a restart on the record
 
 
 @pytest.mark.slow
@@ -96,6 +100,9 @@ def test_a_stage_that_stops_answering_is_restarted_after_the_deadline(tmp_path, 
     events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
     assert {"timeout"} <= {e["event"] for e in events}
     assert any(e["event"] == "timeout" and e["stage"] == "rescorer" for e in events)
+    kills = [e for e in events if e["event"] == "timeout" and e["action"] == "killed"]
+    assert {e["stage"] for e in kills} == {"rescorer"}
+    assert summary["restarts"] == {"rescorer": len(kills)}  # each kill at a deadline: a restart
 
 
 @pytest.mark.slow

@@ -77,6 +77,11 @@ def _refs(links):
     return [link.ref for link in links]
 
 
+def _each(pool, requests, weights):
+    """Submit each request as a step of its own (one call each): queued work."""
+    return [link.ref for req in requests for link in pool.submit([req], weights)]
+
+
 def _requests(tokenizer, count, version=0, max_new_tokens=8):
     ids = tokenizer.encode("Q:123+045=")
     return [
@@ -99,18 +104,18 @@ def test_grows_under_queued_work_and_shrinks_when_idle(make_worker, weights, tok
     pools.append(pool)
     _wait_ready(pool, 1)
     assert pool.rescale() == []  # nothing queued: no change
-    refs = _refs(pool.submit(_requests(tokenizer, 6), weights))
+    refs = _each(pool, _requests(tokenizer, 6), weights)
     events = pool.rescale()
     assert [e["action"] for e in events] == ["add"]
     assert events[0]["pending"] == 1
     assert pool.rescale() == [] or pool.status()["ready"] == 2  # one pending at a time
     _wait_ready(pool, 2)
     new = pool.replicas[1]
-    refs += _refs(pool.submit(_requests(tokenizer, 6), weights))
+    refs += _each(pool, _requests(tokenizer, 6), weights)
     assert new.inflight  # the new replica takes work once ready
     assert [e["action"] for e in pool.rescale()] == ["add"]  # a third: no rollout left
     third = pool.replicas[2]
-    refs += _refs(pool.submit(_requests(tokenizer, 4), weights))
+    refs += _each(pool, _requests(tokenizer, 4), weights)
     assert not third.inflight  # a pending replica gets no work
     batches = ray.get(refs)  # nothing lost
     assert len(batches) == 16 and all(b.num_responses == 16 for b in batches)
@@ -133,17 +138,17 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, p
     pool = GeneratorPool([make_worker(), make_worker()], make_worker, 1, 2, idle_grace_s=60)
     pools.append(pool)
     _wait_ready(pool, 2)
-    refs = _refs(pool.submit(_requests(tokenizer, 6, max_new_tokens=16), weights))
+    refs = _each(pool, _requests(tokenizer, 6, max_new_tokens=16), weights)
     busy = [r for r in pool.replicas if r.inflight]
     assert len(busy) == 2
     pool.max_replicas = 1
     events = pool.rescale()
     assert [e["action"] for e in events] == ["retire"]
     retiring = next(r for r in pool.replicas if r.retiring)
-    more = _refs(pool.submit(_requests(tokenizer, 2), weights))
-    assert all(ref not in retiring.inflight for ref in more)  # no new work for it
+    more = _refs(pool.submit(_requests(tokenizer, 2), weights))  # one step: merged, one call
+    assert len(more) == 1 and all(ref not in retiring.inflight for ref in more)
     batches = ray.get(refs + more)  # its in-flight work completed
-    assert all(b.num_responses == 16 for b in batches)
+    assert [b.num_responses for b in batches] == [16] * 6 + [32]
     assert [e["action"] for e in pool.rescale()] == ["removed"]
     assert len(pool.replicas) == 1
 

@@ -1,6 +1,6 @@
 """The evaluator's memory does not grow with the number of held-out prompts.
 
-A random Qwen2 student and teacher with a 32k vocabulary evaluate 64 and 512 held-out
+A random Qwen2 student and teacher with a 16k vocabulary evaluate 64 and 512 held-out
 prompts (2 responses of 8 new tokens each) in fresh processes, eval.batch_prompts = 64 and the prefill
 micro-batched by a token budget: the peak RSS increase over the step (VmHWM, reset just
 before it) is the same within a small margin. The same 512 prompts in one batch of 512
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-V = 32_000
+V = 16_000
 
 CHILD = r"""
 import json, sys
@@ -27,7 +27,7 @@ torch.set_num_threads(2)
 ev = Evaluator(f"{root}/student", f"{root}/teacher", f"{root}/tokenizer", chunk_tokens=64,
                micro_batch_tokens=1024, batch_prompts=batch_prompts, device="cpu")
 rng = np.random.default_rng(0)
-ids = [rng.integers(3, 32000, 12).tolist() for _ in range(prompts)]
+ids = [rng.integers(3, 16000, 12).tolist() for _ in range(prompts)]
 ev.heldout(ids[:4], [None] * 4, 2, 8, 0)  # warm-up: code loaded on first use
 
 def rss_gb():
@@ -58,7 +58,7 @@ def models(tmp_path_factory):
     for i, name in enumerate(("student", "teacher")):
         torch.manual_seed(i)
         Qwen2ForCausalLM(cfg).save_pretrained(root / name)
-    # a 32k-symbol tokenizer, so every sampled id decodes
+    # a tokenizer of V symbols, so every sampled id decodes
     build_char_tokenizer("".join(chr(0x100 + i) for i in range(V - 3)), root / "tokenizer")
     return root
 

@@ -45,7 +45,7 @@ def test_each_follows_the_paper_and_fits_its_cluster(spec):
     )  # every GPU used, none oversubscribed
     nodes = parse_cluster(cluster)
     assert gpus == sum(n["GPU"] for n in nodes)
-    with pytest.raises(ConfigError, match=r"no node has it left|needs"):
+    with pytest.raises(ConfigError, match=r"no node has it left|needs|more than any node has"):
         fit(cfg, parse_cluster(too_small))
     with pytest.raises(ConfigError, match="CPU"):
         fit(cfg, parse_cluster(cluster.split(":")[0] + ":16"))  # too few CPUs per node
@@ -85,6 +85,37 @@ def test_asking_for_more_than_the_cluster_or_uneven_gpu_shares_is_refused(overri
     cfg = load_pipeline(f"{FILE}:student_7b", overrides)
     with pytest.raises(ConfigError, match=match):
         fit(cfg, parse_cluster(PAPER_CLUSTER))
+
+
+def test_a_tensor_parallel_variant_places_each_replica_on_gpus_of_one_node():
+    """engine.tensor_parallel_size = 2: each replica is one bundle of 2 GPUs on one node
+    (`opdflow validate ... --cluster 2x4:72`); 4 such replicas in one STRICT_PACK group
+    cannot fit a 4-GPU node and are refused with what they ask and the largest node."""
+    from opdflow.cli import main
+
+    cfg = load_pipeline(f"{FILE}:student_7b_tp2")
+    assert (cfg.engine.tensor_parallel_size, cfg.resources.generator.num_gpus) == (2, 2)
+    where = fit(cfg, parse_cluster(PAPER_CLUSTER))
+    assert where["generator[0]"] == where["generator[1]"] != where["learner[0]"]
+    res = CliRunner().invoke(main, ["validate", f"{FILE}:student_7b_tp2", "--cluster", "2x4:72"])
+    assert res.exit_code == 0 and "node 1: generator[0], generator[1]" in res.output, res.output
+    four = ["engine.tensor_parallel_size=2", "resources.generator.num_gpus=2"]
+    args = ["validate", f"{FILE}:student_7b", "--cluster", "2x4:72"]
+    res = CliRunner().invoke(main, args + [x for kv in four for x in ("--set", kv)])
+    assert res.exit_code == 2
+    assert (
+        "generator (STRICT_PACK) asks 32 CPU, 8 GPU on one node, more than any node has: "
+        "the largest node, node 0, has 72 CPU, 4 GPU" in res.output
+    ), res.output
+    # a replica's GPUs are its tensor-parallel ranks, no more, no fewer
+    with pytest.raises(
+        ConfigError, match=r"so it takes 2 GPUs \(set resources.generator.num_gpus=2"
+    ):
+        fit(load_pipeline(f"{FILE}:student_7b", four[:1]), parse_cluster(PAPER_CLUSTER))
+    with pytest.raises(
+        ConfigError, match=r"engine.tensor_parallel_size = 2 .*engine.kind = 'vllm'"
+    ):
+        load_pipeline(f"{FILE}:student_7b", ["engine.kind=torch", *four])
 
 
 def test_fractional_shares_that_tile_a_gpu_pack_onto_it():

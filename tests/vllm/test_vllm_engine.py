@@ -150,6 +150,91 @@ def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prom
             ray.shutdown()
 
 
+def test_defaults_on_the_cpu_build_are_eager_with_prefix_caching(engine):
+    """CUDA graphs are a GPU setting: the CPU build runs eager; prefix caching is on."""
+    config = engine.llm.llm_engine.vllm_config
+    assert engine.options == {
+        "enforce_eager": True,
+        "enable_prefix_caching": True,
+        "tensor_parallel_size": 1,
+        "distributed_executor_backend": "uni",
+    }
+    assert config.model_config.enforce_eager and config.cache_config.enable_prefix_caching
+    assert config.parallel_config.tensor_parallel_size == 1
+
+
+def test_the_prefix_cache_serves_repeats_and_is_dropped_at_a_weights_update(
+    engine, tiny, tokenizer
+):
+    """A prompt's KV blocks are reused by the next request for it; after a weights update
+    none are (they hold the old weights' keys and values), and logprobs follow the new
+    weights. The prompt spans a full cache block (128 tokens on the CPU build)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from opdflow.models import load_model
+
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    long = (tokenizer.encode("Q:123+045=") * 40)[: block + 40]
+    sp = VSamplingParams(n=1, max_tokens=2, detokenize=False, seed=0)
+
+    def cached() -> int:
+        out = engine.llm.generate([TokensPrompt(prompt_token_ids=long)], sp, use_tqdm=False)
+        return int(out[0].num_cached_tokens)
+
+    student = load_model(str(tiny.student), "bfloat16").state_dict()
+    try:
+        cached()
+        assert cached() >= block  # a repeat reads the cached block
+        engine.load_weights(load_model(str(tiny.teacher), "bfloat16").state_dict(), 1)
+        assert cached() == 0  # the update dropped it
+        params = SamplingParams(return_logdist=True)
+        batch = engine.generate(_request([long], params, seed=9, n=4, version=1))
+        _, dist = _rescore(tiny.teacher, batch, params)
+        assert exact_kl(batch.logdist_engine_B_T_V, dist, batch.response_mask_B_T) < 5e-3
+    finally:
+        engine.load_weights(student, 0)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tiny, make_engine):
+    """`opdflow export` of a run directory whose learner checkpoint moved off the student,
+    and a VLLMEngine on it (alive until the module ends: see fp8_engines)."""
+    from opdflow import checkpoint
+    from opdflow.config import PipelineConfig, TrainConfig
+    from opdflow.engines.vllm_engine import VLLMEngine
+    from opdflow.export import export_run
+    from opdflow.rundir import RunDir
+    from opdflow.stages.learner import Learner
+
+    run = RunDir.create(PipelineConfig(name="x"), tmp_path_factory.mktemp("x") / "run")
+    learner = Learner(str(tiny.student), TrainConfig())
+    with torch.no_grad():
+        for p in learner.model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    root = checkpoint.checkpoints_dir(run.path)
+    staging = checkpoint.staging_dir(root, 1)
+    learner.save_checkpoint(str(staging))
+    checkpoint.commit(root, staging, 1, {}, keep=1)
+    out = export_run(run.path, run.path / "hf")
+    eng = VLLMEngine(str(out), 0, 1)
+    yield out, eng
+    del eng
+    gc.collect()
+
+
+def test_an_exported_run_loads_in_vllm_and_generates_its_weights(exported, prompts, tiny):
+    out, eng = exported
+    params = SamplingParams(return_logdist=True)
+    batch = eng.generate(_request(prompts[:16], params, seed=2))
+    assert batch.num_tokens > 50
+    mask = batch.response_mask_B_T
+    _, exported_dist = _rescore(out, batch, params)
+    _, student_dist = _rescore(tiny.student, batch, params)
+    kl = exact_kl(batch.logdist_engine_B_T_V, exported_dist, mask)
+    assert kl < 1e-3 and kl < 0.1 * exact_kl(batch.logdist_engine_B_T_V, student_dist, mask)
+
+
 def _cpu_fp8_kv() -> bool:
     """vLLM's CPU build has FP8 KV kernels only for x86 with AVX-512 or AMX."""
     if torch.cuda.is_available():

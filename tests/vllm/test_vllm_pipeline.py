@@ -1,26 +1,66 @@
-"""The tiny pipeline end to end with engine.kind = "vllm": VLLMEngine inside Ray actors."""
+"""vLLM inside Ray actors, as a run uses it: the tiny pipeline end to end with engine.kind =
+"vllm" (generator replicas and the evaluator's held-out generation on BF16 vLLM engines),
+and a tensor-parallel replica (vLLM's multiprocessing workers, spawned, one per rank: 2 CPU
+ranks of the CPU build)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import ray
 
 from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.engines.base import GenerationRequest, SamplingParams
+from opdflow.mismatch import exact_kl
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from opdflow.raycluster import connect
+
+    started = connect(4)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def weights(cluster, tiny):
+    from opdflow.models import load_model
+    from opdflow.weights import pack
+
+    return {
+        name: ray.put(pack(load_model(str(path), "bfloat16").state_dict(), version))
+        for name, path, version in (("student", tiny.student, 0), ("teacher", tiny.teacher, 1))
+    }
 
 
 @pytest.mark.slow
-def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, tiny):
+def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, cluster, weights, tiny, tokenizer):
     from opdflow.controller import run_pipeline
     from opdflow.rundir import RunDir, read_table
+    from opdflow.stages.evaluator import Evaluator
 
-    steps = 4
+    steps, prompts = 4, 64
     cfg = apply_overrides(
         PipelineConfig(name="vllm"),
-        ["engine.kind=vllm", f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8"],
-    )
+        ["engine.kind=vllm", f"train.steps={steps}", f"eval.every={steps}",
+         f"eval.prompts={prompts}"],
+    )  # fmt: skip
     run = RunDir.create(cfg, tmp_path / "run")
-    summary = run_pipeline(cfg, run)
+    seen = {}
+
+    def on_start(st):
+        """Before the run: held-out generation is on vLLM, and at the teacher's weights both
+        its sampler and the BF16 student that scores move (held-out KL ~ 0)."""
+        seen["kind"] = ray.get(st.evaluator.engine_kind.remote())
+        h, e = st.heldout_set, cfg.eval
+        args = (h.token_ids, h.answers, e.samples_per_prompt, cfg.engine.max_new_tokens, e.seed)
+        seen["teacher"] = ray.get(st.evaluator.heldout.remote(1, [weights["teacher"]], *args))
+        seen["args"] = args
+
+    summary = run_pipeline(cfg, run, on_start=on_start)
     metrics = read_table(run.path / "metrics.parquet")
     assert [r["step"] for r in metrics] == list(range(steps))
     assert all(0 <= r["step"] - r["version"] <= cfg.staleness.k for r in metrics)
@@ -28,3 +68,48 @@ def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, tiny):
     # the vLLM bf16 engine's mismatch against the BF16 rescorer is small, exact KL included
     assert math.isfinite(summary["d_engine_exact"]) and 0 <= summary["d_engine_exact"] < 1e-3
     assert abs(summary["d_engine_k1"]) < 5e-3
+    assert (run.path / "final" / "model.safetensors").is_file()
+    assert seen["kind"] == "vllm"
+    on_vllm = summary["heldout_kl_start"]  # version 0, after the evaluator went back to it
+    assert seen["teacher"]["kl"] < 1e-3 < on_vllm
+    assert seen["teacher"]["accuracy"] > summary["heldout_accuracy_start"] + 0.3
+    # the same metric from TorchEngine's sampler: equal up to sampling noise (256 responses)
+    on_torch = Evaluator(str(tiny.student), str(tiny.teacher), str(tiny.tokenizer))
+    torch_kl = on_torch.heldout(*seen["args"])["kl"]
+    print(f"held-out KL at the student: vLLM evaluator {on_vllm:.4f}, TorchEngine {torch_kl:.4f}"
+          f"; at the teacher's weights (vLLM) {seen['teacher']['kl']:.2e}")  # fmt: skip
+    assert 0.7 < on_vllm / torch_kl < 1.4
+
+
+def test_a_tensor_parallel_replica_samples_and_follows_weight_updates(
+    cluster, weights, tiny, tokenizer, prompts
+):
+    from test_vllm_engine import _rescore
+
+    from opdflow.stages.generator import GeneratorWorker
+
+    worker = (
+        ray.remote(GeneratorWorker)
+        .options(num_cpus=0)
+        .remote(
+            str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id, "vllm", "bf16",
+            1, None, "exact", 5.0, {"tensor_parallel_size": 2},
+        )
+    )  # fmt: skip
+    try:
+        params = SamplingParams(return_logdist=True)
+        kls = {}
+        for name, version in (("student", 0), ("teacher", 1)):
+            req = GenerationRequest(prompts[:16], list(range(16)), [None] * 16, 4, 3, version,
+                                    params)  # fmt: skip
+            batch = ray.get(worker.generate.remote(req, [weights[name]], version), timeout=600)
+            assert batch.version == version and batch.num_tokens > 50
+            mask = batch.response_mask_B_T
+            for model in ("student", "teacher"):
+                _, dist = _rescore(getattr(tiny, model), batch, params)
+                kls[name, model] = exact_kl(batch.logdist_engine_B_T_V, dist, mask)
+        print("TP=2 exact KL, (engine weights, rescored by):", kls)
+        assert kls["student", "student"] < 1e-3 and kls["teacher", "teacher"] < 5e-3
+        assert kls["teacher", "student"] > 20 * kls["teacher", "teacher"]  # it moved
+    finally:
+        ray.kill(worker)
