@@ -110,14 +110,18 @@ def _resources() -> ResourcesConfig:
 
 
 def student_7b() -> PipelineConfig:
-    """7B student, synchronous BF16 (the standard run)."""
-    return _paper(
+    """7B student, synchronous BF16 (the standard run). Weights go through the object store:
+    the collective transport keeps every live version (15 GB each) on the learner's first
+    GPU, which its ~61 GB of sharded state leaves no room for."""
+    cfg = _paper(
         "dapo-7b",
         "DeepSeek-R1-Distill-Qwen-7B",
         _resources(),
         micro_batch_tokens=18432,  # one 2,048 + 16,384-token response
         eval_batch=32,
     )
+    cfg.weights.transport = "object_store"
+    return cfg
 
 
 def student_7b_async() -> PipelineConfig:
