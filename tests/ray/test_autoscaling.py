@@ -84,13 +84,14 @@ while rollout_nodes() < 1:  # min_workers: one rollout node before the run
         raise TimeoutError(f"no rollout node joined; nodes: {ray.nodes()}")
     time.sleep(1)
 cfg = apply_overrides(PipelineConfig(name="autoscale"), [
-    f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8", "staleness.k=2",
+    f"train.steps={steps}", f"eval.every={steps}", "eval.prompts=8",
+    # the trainer waits for every batch by construction (k = 0), on any CPU, so the adaptive
+    # policy pinned at k_max = 0 asks for generation: with a fixed k = 2 the pool grew only
+    # where generating was slower than training (not on an AMX CPU, where the learner is)
+    "staleness.policy=adaptive", "staleness.k=0", "staleness.k_max=0",
     "engine.replicas=1", "engine.min_replicas=1", "engine.max_replicas=2",
     "engine.scale_down_idle_s=2", "resources.generator.num_cpus=0",
-    'resources.generator.resources={"rollout": 1}',
-    # generation-bound whatever the machine's load: hot sampling rarely ends early, so
-    # every response runs 96 tokens, and the learner gets two threads
-    "engine.temperature=3.0", "engine.max_new_tokens=96", "resources.learner.torch_threads=2"])
+    'resources.generator.resources={"rollout": 1}'])
 nodes = []
 summary = run_pipeline(cfg, RunDir.create(cfg, run_dir), on_step=lambda row: nodes.append(rollout_nodes()))
 after = []
@@ -109,12 +110,9 @@ def _free_port() -> int:
 
 
 def _listening(port: int) -> bool:
-    for host in ("127.0.0.1", socket.gethostbyname(socket.gethostname())):
-        with socket.socket() as s:
-            s.settimeout(1)
-            if s.connect_ex((host, port)) == 0:
-                return True
-    return False
+    with socket.socket() as s:  # loopback only: never a connection to another address
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.mark.slow
@@ -156,7 +154,7 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
             return _listening(port)
 
         wait_until(head_up, 180, lambda: (tmp_path / "head.log").read_text()[-3000:], 1.0)
-        steps = 40
+        steps = 60
         driver = subprocess.run(
             [sys.executable, "-c", DRIVER, f"127.0.0.1:{port}", str(tmp_path / "run"), str(steps)],
             env=env, capture_output=True, text=True, timeout=1500,
@@ -174,7 +172,7 @@ def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
     # every step trained exactly once, within the bound
     assert [r["step"] for r in metrics] == list(range(steps))
     assert [s for s, _ in result["record"]] == list(range(steps))
-    assert all(0 <= r["step"] - r["version"] <= 2 for r in metrics)
+    assert all(r["step"] == r["version"] for r in metrics)  # k = 0
     # one rollout node at the start, a second one under demand, back to one when idle
     nodes = result["nodes"]
     assert nodes[0] <= 2, nodes
