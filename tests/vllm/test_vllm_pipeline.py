@@ -28,10 +28,11 @@ def cluster():
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
     from opdflow.models import load_model
+    from opdflow.transport import put_version
     from opdflow.weights import pack
 
-    return {
-        name: ray.put(pack(load_model(str(path), "bfloat16").state_dict(), version))
+    return {  # each ref resolves to the version's handle, as the learner publishes it
+        name: put_version(pack(load_model(str(path), "bfloat16").state_dict(), version))
         for name, path, version in (("student", tiny.student, 0), ("teacher", tiny.teacher, 1))
     }
 
