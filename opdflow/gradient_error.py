@@ -1,6 +1,6 @@
 """Gradient error of one OPD update under a mismatched rollout engine, split in two parts.
 
-The study's question 5 and 7 (shared/PAPER.md): a mismatched engine c changes an OPD
+The study's question 5 and 7 (docs/DESIGN.md, "The study"): a mismatched engine c changes an OPD
 update in two ways. It samples different tokens, so training sees prefixes the BF16
 student would not reach (prefix shift); and where a system takes the student's logprob
 in the advantage from the engine instead of the learner, every token's advantage is off

@@ -1,4 +1,4 @@
-"""Learner objectives: the OPD policy gradient of DESIGN.md, its off-by-default options,
+"""Learner objectives: the OPD policy gradient of docs/DESIGN.md, its off-by-default options,
 and the RL baselines the study compares it with.
 
 The OPD advantage A_t = sg(logp_teacher - logp_learner) makes matching the teacher a

@@ -3,7 +3,7 @@
 Delta(c) = (KL_c - KL_std) / KL_std on the final held-out KL of both runs, measured on
 the same held-out prompts with the same sampling seed, so the two runs pair prompt by
 prompt. A run FAILS when Delta(c) >= tau AND the 95% paired bootstrap interval of
-KL_c - KL_std (resampling prompts) excludes zero (DESIGN.md). Secondary rule, on the
+KL_c - KL_std (resampling prompts) excludes zero (docs/DESIGN.md). Secondary rule, on the
 task's checkable answers: accuracy is WORSE when the standard run's held-out accuracy
 exceeds c's by at least `acc_drop` (default 5 points, the paper's failing runs lost 3-5)
 AND the paired interval of acc_c - acc_std lies below zero. Pure code: run directories in,

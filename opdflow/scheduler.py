@@ -1,6 +1,6 @@
 """The adaptive staleness policy: the smallest k that keeps the trainer busy, inside a budget.
 
-Asynchrony pays until the trainer is the bottleneck (shared/PAPER.md): past that knee a
+Asynchrony pays until the trainer is the bottleneck (docs/DESIGN.md, "The study"): past that knee a
 larger k only adds staleness. AdaptiveStaleness finds the knee from what each learner
 step cost (StepObservation), with no Ray and no clock of its own, so a simulation can
 drive it step by step. The rules, in order of precedence:

@@ -1,11 +1,11 @@
-"""The study: shared/PAPER.md's findings re-run on the tiny models, as one plan and its analysis.
+"""The study: the paper's findings (docs/DESIGN.md) re-run on the tiny models, as one plan and its analysis.
 
 A study is a list of arms (a rollout configuration, a staleness k, an objective), each
 trained with the pipeline at one or more seeds, plus probes that need no training run.
 `plan` says what runs; `analyse` turns finished run directories and probe results into
 the tables and claims docs/STUDY.md shows. Every verdict pairs a run with the standard
 run of the same seed (the quality rule of quality.py) and states its interval. The seven
-experiments (issue text, PAPER.md "Findings"):
+experiments (issue text, docs/DESIGN.md, "The study"):
 
 1. mismatch budget: the OPD ladder judged against the standard run; the bracket of D
 2. staleness is cheap: d_stale at k = 1..8 next to the quantized engines' d_engine

@@ -122,7 +122,7 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
     L: list[str] = [
         "# The study on tiny models",
         "",
-        "The findings of shared/PAPER.md, re-run on opdflow's worked testbed "
+        "The findings of the paper (docs/DESIGN.md), re-run on opdflow's worked testbed "
         "(opdflow.testbed.worked: a 3-layer Qwen2 teacher that writes out every column of an "
         "addition, ~31 tokens, and a student fine-tuned from it to drop carries; the demo's "
         "models). Same shapes, not the same sizes: every number below comes from one run of",

@@ -1,6 +1,6 @@
 """Throughput curves: what a sweep over k measured, the knee of the curve, and its plot.
 
-Asynchrony pays until the trainer becomes the bottleneck (shared/PAPER.md). A sweep runs
+Asynchrony pays until the trainer becomes the bottleneck (docs/DESIGN.md, "The study"). A sweep runs
 the same pipeline at several staleness bounds k and tabulates updates/hour (and its ratio
 to k = 0), the trainer's wait share, held-out KL at the end and at equal wall time, and
 d_stale. The knee: the smallest fixed k whose updates/hour is at least 95% of the best

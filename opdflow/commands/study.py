@@ -19,7 +19,7 @@ from opdflow.commands.quality import _dur, _quiet
 
 @click.group()
 def study() -> None:
-    """Reproduce the study's findings (shared/PAPER.md) on the tiny models."""
+    """Reproduce the study's findings (docs/DESIGN.md, "The study") on the tiny models."""
 
 
 @study.command("run")

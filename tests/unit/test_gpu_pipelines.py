@@ -1,4 +1,4 @@
-"""The paper's GPU pipelines (pipelines/dapo_math.py): they validate, follow PAPER.md, and
+"""The paper's GPU pipelines (pipelines/dapo_math.py): they validate, follow the paper (docs/DESIGN.md), and
 fit two nodes of four GPUs; a pipeline that asks for more, or for GPU shares that do not
 tile a GPU, is refused with the field named."""
 
