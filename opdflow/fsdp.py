@@ -157,32 +157,29 @@ def load_shards(model: torch.nn.Module, model_path: str) -> None:
             "in its safetensors files; the sharded loader reads tensors under the names "
             "transformers gives them (a checkpoint saved with save_pretrained)"
         )
-    handles: dict[Path, object] = {}
-    try:
-        with torch.no_grad():
-            for name, tensor in targets.items():
-                if isinstance(tensor, DTensor):
-                    local = tensor.to_local()
-                    shape, offset = compute_local_shape_and_global_offset(
-                        tensor.shape, tensor.device_mesh, tensor.placements
-                    )
-                else:
-                    local, shape, offset = tensor, tuple(tensor.shape), (0,) * tensor.dim()
-                if local.numel() == 0:
-                    continue  # more ranks than rows: this rank holds none of this tensor
-                f = files[name]
-                if f not in handles:
-                    handles[f] = safe_open(str(f), framework="pt")
-                rows = handles[f].get_slice(name)
-                if tuple(rows.get_shape()) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"{model_path}: tensor {name} has shape {tuple(rows.get_shape())} in "
-                        f"{f.name} but the config builds {tuple(tensor.shape)}"
-                    )
-                part = rows[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-                local.copy_(part.reshape(local.shape))
-    finally:
-        handles.clear()
+    handles: dict[Path, object] = {}  # one open (memory-mapped) file per shard file
+    with torch.no_grad():
+        for name, tensor in targets.items():
+            if isinstance(tensor, DTensor):
+                local = tensor.to_local()
+                shape, offset = compute_local_shape_and_global_offset(
+                    tensor.shape, tensor.device_mesh, tensor.placements
+                )
+            else:
+                local, shape, offset = tensor, tuple(tensor.shape), (0,) * tensor.dim()
+            if local.numel() == 0:
+                continue  # more ranks than rows: this rank holds none of this tensor
+            f = files[name]
+            if f not in handles:
+                handles[f] = safe_open(str(f), framework="pt")
+            rows = handles[f].get_slice(name)
+            if tuple(rows.get_shape()) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{model_path}: tensor {name} has shape {tuple(rows.get_shape())} in "
+                    f"{f.name} but the config builds {tuple(tensor.shape)}"
+                )
+            part = rows[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+            local.copy_(part.reshape(local.shape))
 
 
 def _non_persistent(model: torch.nn.Module, buffer_name: str) -> set[str]:

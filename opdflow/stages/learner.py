@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,26 @@ from opdflow.losses import (
     advantage,
     advantage_needs_learner,
     importance_weight,
-    policy_loss,
     token_loss,
 )
 from opdflow.mismatch import MismatchStats, engine_mismatch
 from opdflow.rollout import RolloutBatch
 from opdflow.scoring import score_tokens
 from opdflow.weights import PackedWeights, allocate, bf16_entries, write_bf16
+
+
+@dataclass(frozen=True)
+class Accumulated:
+    """What one step's forward and backward passes leave besides the gradients."""
+
+    logp_B_T: np.ndarray
+    """The learner's detached log-probabilities of the whole batch (host memory)."""
+    entropy_B_T: np.ndarray
+    """Next-token entropy of the whole batch, nats (host memory)."""
+    loss: float
+    """The step's loss: the sum of every micro-batch's share, over all ranks."""
+    micro_batches: int
+    """Micro-batches of the whole step (over all ranks)."""
 
 
 class Learner:
@@ -88,6 +102,8 @@ class Learner:
         self.options = LossOptions(
             train.advantage_from, train.is_clip, train.center_advantage, train.loss
         )
+        self.weights_bytes = 2 * sum(p.numel() for p in self.model.parameters())
+        """Bytes of the published BF16 weights (global sizes, sharded or not)."""
         self.version = 0
         self.trained_steps: list[tuple[int, int]] = []  # (step, batch version)
         self.bad_steps = 0
@@ -115,9 +131,14 @@ class Learner:
         t0 = time.perf_counter()
         reset_peak_memory(self.device)
         self.opt.zero_grad(set_to_none=True)
-        logp_B_T, entropy_B_T = self.accumulate_gradients(batch)
-        stats = self._batch_stats(batch, logp_B_T)
-        skipped = not math.isfinite(stats["loss"])
+        acc = self.accumulate_gradients(batch)
+        logp_B_T, mask = acc.logp_B_T, batch.response_mask_B_T
+        tokens = max(int(mask.sum()), 1)
+        kl = None if batch.logp_teacher_B_T is None else (logp_B_T - batch.logp_teacher_B_T)
+        stats = {"loss": acc.loss}
+        if kl is not None:
+            stats["train_kl"] = float(np.where(mask, kl, 0.0).sum() / tokens)
+        skipped = not math.isfinite(acc.loss)
         grad_norm = float("nan")
         if skipped:
             self.bad_steps += 1
@@ -130,7 +151,6 @@ class Learner:
             grad_norm = self._clip_and_step()
         self.version = step + 1
         self.trained_steps.append((step, batch.version))
-        mask = batch.response_mask_B_T
         d_stale = MismatchStats.of(batch.logp_rescore_B_T, logp_B_T, mask)
         d_total = MismatchStats.of(batch.logp_engine_B_T, logp_B_T, mask)
         d_engine = engine_mismatch(batch)
@@ -143,7 +163,7 @@ class Learner:
             "responses": batch.num_responses,
             "tokens": d_engine.tokens,
             "train_reward": float("nan") if reward is None else float(np.mean(reward)),
-            "entropy": float((entropy_B_T * mask).sum() / max(mask.sum(), 1)),
+            "entropy": float((acc.entropy_B_T * mask).sum() / tokens),
             "response_len": d_engine.tokens / max(batch.num_responses, 1),
             "d_engine_k1": d_engine.k1,
             "d_engine_k3": d_engine.k3,
@@ -157,9 +177,9 @@ class Learner:
             "tokens_per_s": d_engine.tokens / batch.gen_seconds
             if batch.gen_seconds
             else float("nan"),
-            "micro_batches": len(self.micro_batches(batch)),
+            "micro_batches": acc.micro_batches,
             "learner_peak_mem_gb": self._max_over_ranks(peak_memory_gb(self.device)),
-            "weights_bytes": int(sum(p.numel() for p in self.model.parameters()) * 2),
+            "weights_bytes": self.weights_bytes,
         }
 
     def micro_batches(self, batch: RolloutBatch) -> list[np.ndarray]:
@@ -171,19 +191,20 @@ class Learner:
             )
         return microbatch.of_batch(batch, self.train_cfg.micro_batch_tokens, self.world)
 
-    def accumulate_gradients(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray]:
+    def accumulate_gradients(self, batch: RolloutBatch) -> Accumulated:
         """Forward and backward over this rank's micro-batches, gradients accumulated in the
-        parameters (summed over ranks by FSDP): those of the loss over the whole batch.
-        Returns the whole batch's detached logp_learner_B_T and entropy_B_T (host memory)."""
-        mine = microbatch.deal(self.micro_batches(batch), self.world)[self.rank]
+        parameters (summed over ranks by FSDP): those of the loss over the whole batch."""
+        plan = self.micro_batches(batch)
+        mine = microbatch.deal(plan, self.world)[self.rank]
         tokens = float(max(batch.response_mask_B_T.sum(), 1))
         adv_all = None  # the whole batch's advantage, where a micro-batch cannot make its own
         if not advantage_needs_learner(self.options):
             adv_all = self._advantage(batch, None)
         elif self.options.center_advantage:  # the centre needs every token's logp first
             with torch.no_grad():
-                adv_all = self._advantage(batch, self._scores(batch, mine, grad=False)[0])
-        return self._scores(batch, mine, grad=True, adv_all=adv_all, tokens=tokens)
+                adv_all = self._advantage(batch, self._scores(batch, mine, False)[0])
+        logp, entropy, loss = self._scores(batch, mine, True, adv_all, tokens)
+        return Accumulated(logp, entropy, loss, len(plan))
 
     def _scores(
         self,
@@ -192,12 +213,14 @@ class Learner:
         grad: bool,
         adv_all: torch.Tensor | None = None,
         tokens: float = 1.0,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, float]:
         """Score this rank's micro-batches (and, with grad, backward each one's loss); the
-        whole batch's logp and entropy, gathered from every rank."""
+        whole batch's logp and entropy, gathered from every rank, and the loss (the sum of
+        every rank's micro-batch losses; 0 without grad)."""
         B, T = batch.response_ids_B_T.shape
         logp = torch.zeros(B, T, device=self.device)
         entropy = torch.zeros(B, T, device=self.device)
+        loss_sum = torch.zeros(1, device=self.device)
         chunk = self.train_cfg.logit_chunk_tokens
         for rows in mine:
             mb = batch.select(rows if rows is not None else [0])  # None: a placeholder
@@ -207,6 +230,7 @@ class Learner:
                     loss = self._loss(mb, rows, s.logp_B_T, adv_all, tokens)
             if grad:
                 loss.backward()
+                loss_sum += loss.detach().float()
             if rows is not None:
                 width = mb.response_ids_B_T.shape[1]
                 index = torch.from_numpy(rows).to(self.device)
@@ -215,7 +239,8 @@ class Learner:
         if self.world > 1:  # each row was scored by one rank, zeros elsewhere: a sum gathers
             torch.distributed.all_reduce(logp)
             torch.distributed.all_reduce(entropy)
-        return to_host(logp), to_host(entropy)
+            torch.distributed.all_reduce(loss_sum)
+        return to_host(logp), to_host(entropy), float(loss_sum.item())
 
     def _loss(
         self,
@@ -251,17 +276,6 @@ class Learner:
             _host(batch.prompt_index_B),
         )  # fmt: skip
 
-    def _batch_stats(self, batch: RolloutBatch, logp_B_T: np.ndarray) -> dict[str, float]:
-        """loss and train_kl of the whole batch, from the learner's detached logp: the sum of
-        the micro-batches' losses."""
-
-        _, stats = policy_loss(
-            _host(logp_B_T), _host(batch.logp_teacher_B_T), _host(batch.response_mask_B_T),
-            _host(batch.logp_engine_B_T), self.options, _host(batch.reward_B),
-            _host(batch.prompt_index_B),
-        )  # fmt: skip
-        return stats
-
     def _clip_and_step(self) -> float:
         """Clip the gradient norm, AdamW step; returns the norm before clipping."""
         clip = self.train_cfg.grad_clip
@@ -296,9 +310,6 @@ class Learner:
         packed = allocate(self.bf16_entries(), self.version) if self.rank == 0 else None
         self.write_bf16(packed)
         return packed
-
-    def parameter_count(self) -> int:
-        return int(sum(p.numel() for p in self.model.parameters()))
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from processes import stop_group
 
 from opdflow.raycluster import LOOPBACK_ENV, connect
 
@@ -30,6 +30,13 @@ def _can_unshare() -> bool:
     if shutil.which("unshare") is None:
         return False
     return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+def _reload_ray_auth() -> None:
+    """Make this process's Ray read RAY_AUTH_MODE again (it caches the mode it first saw)."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    reset_auth_token_state()
 
 
 def _free_port() -> int:
@@ -75,6 +82,7 @@ def hidden_from_actors(tmp_path_factory, tiny):
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     try:
         os.environ.update(RAY_AUTH_MODE="disabled", RAY_ADDRESS=f"127.0.0.1:{gcs}")
+        _reload_ray_auth()
 
         def joined() -> bool:
             try:
@@ -93,12 +101,8 @@ def hidden_from_actors(tmp_path_factory, tiny):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _reload_ray_auth()  # later clusters of this session use the default auth again
+        stop_group(proc)
         log.close()
 
 

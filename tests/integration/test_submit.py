@@ -11,7 +11,6 @@ bound sockets of the group's processes to check.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from processes import stop_group
 
 from opdflow.cli import main
 from opdflow.raycluster import LOOPBACK_ENV
@@ -92,12 +92,7 @@ def head(tiny):
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = saved_auth
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 10)
         log.close()
 
 

@@ -2,29 +2,15 @@
 
 import numpy as np
 import ray
+from batches import sampled_batch
 
 from opdflow.config import TrainConfig
-from opdflow.data import load_prompts
-from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.engines.torch_engine import TorchEngine
 from opdflow.stages.learner_actor import learner_class
 from opdflow.transport import fetch_state
 
 
 def test_a_nan_loss_is_skipped_and_reported_and_weights_stay(ray_local, tiny, tokenizer):
-    prompts = load_prompts(tiny.train, tokenizer, limit=4)
-    engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)
-    batch = engine.generate(
-        GenerationRequest(
-            prompts.token_ids,
-            [0, 1, 2, 3],
-            prompts.answers,
-            2,
-            0,
-            0,
-            SamplingParams(max_new_tokens=6),
-        )
-    )
+    batch = sampled_batch(tiny, tokenizer, prompts=4, n=2, max_new_tokens=6)
     bad = batch.replace(
         logp_rescore_B_T=batch.logp_engine_B_T,
         logp_teacher_B_T=np.full_like(batch.logp_engine_B_T, np.nan),

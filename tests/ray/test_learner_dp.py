@@ -11,13 +11,11 @@ import math
 import pytest
 import ray
 import torch
+from batches import sampled_batch
 
 from opdflow.checkpoint import Checkpoint, checkpoints_dir, read_state
 from opdflow.config import PipelineConfig, TrainConfig, apply_overrides
 from opdflow.controller import run_pipeline
-from opdflow.data import load_prompts
-from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.engines.torch_engine import TorchEngine
 from opdflow.models import load_model
 from opdflow.rundir import RunDir, read_table
 from opdflow.scoring import token_logprobs
@@ -31,13 +29,7 @@ EXACT = ("tokens", "responses", "weights_bytes", "skipped", "d_engine_k1")
 @pytest.fixture(scope="module")
 def batch(tiny, tokenizer):
     """9 responses (3 prompts x 3)."""
-    prompts = load_prompts(tiny.train, tokenizer, limit=3)
-    engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)
-    b = engine.generate(
-        GenerationRequest(
-            prompts.token_ids, [0, 1, 2], prompts.answers, 3, 0, 0, SamplingParams(max_new_tokens=6)
-        )
-    )
+    b = sampled_batch(tiny, tokenizer, prompts=3, n=3, max_new_tokens=6)
     with torch.no_grad():
         teacher, _ = token_logprobs(load_model(str(tiny.teacher), "float32"), b)
     return b.replace(logp_rescore_B_T=b.logp_engine_B_T, logp_teacher_B_T=teacher.numpy())

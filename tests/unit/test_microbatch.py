@@ -8,14 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from batches import sampled_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opdflow import microbatch
 from opdflow.config import TrainConfig
-from opdflow.data import load_prompts
-from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.engines.torch_engine import TorchEngine
 from opdflow.scoring import score_batch, score_tokens
 from opdflow.stages.learner import Learner
 
@@ -46,19 +44,7 @@ def test_plan_covers_every_row_once_within_the_budget(lengths, budget, parts):
 
 @pytest.fixture(scope="module")
 def batch(tiny, tokenizer):
-    prompts = load_prompts(tiny.train, tokenizer, limit=4)
-    engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)
-    b = engine.generate(
-        GenerationRequest(
-            prompts.token_ids,
-            [0, 1, 2, 3],
-            prompts.answers,
-            3,
-            0,
-            0,
-            SamplingParams(max_new_tokens=8),
-        )
-    )
+    b = sampled_batch(tiny, tokenizer, prompts=4, n=3, max_new_tokens=8)
     assert len(set(b.response_mask_B_T.sum(1))) > 1  # ragged: trimming matters
     return b.replace(logp_rescore_B_T=b.logp_engine_B_T, logp_teacher_B_T=b.logp_engine_B_T - 0.5)
 
@@ -82,7 +68,7 @@ def test_selected_rows_score_as_in_the_whole_batch(tiny, batch):
 def _gradient(tiny, batch, train):
     learner = Learner(str(tiny.student), train, device="cpu")
     learner.opt.zero_grad(set_to_none=True)
-    logp, _ = learner.accumulate_gradients(batch)
+    logp = learner.accumulate_gradients(batch).logp_B_T
     grads = {n: p.grad.clone() for n, p in learner.model.named_parameters()}
     return grads, logp, len(learner.micro_batches(batch))
 
