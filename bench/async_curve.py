@@ -50,7 +50,7 @@ def config(k: int | str, args: argparse.Namespace, k_max: int):
 
 def stage_times(run_dir: Path, warmup: int) -> tuple[float, float]:
     """Median per-step generation-side seconds g and learner seconds t after warm-up."""
-    from opdflow.rundir import read_table
+    from opdflow.runtime.rundir import read_table
 
     g: dict[int, float] = {}
     t: dict[int, float] = {}
@@ -84,9 +84,9 @@ def main() -> None:
 
     import ray
 
-    from opdflow.controller import run_pipeline
-    from opdflow.raycluster import connect
-    from opdflow.rundir import RunDir
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.cluster import connect
+    from opdflow.runtime.rundir import RunDir
 
     connect(3)
     root = Path(tempfile.mkdtemp(prefix="async_curve-"))

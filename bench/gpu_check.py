@@ -74,7 +74,7 @@ class Meter:
         self.device, self.peak, self.rows = device, peak_tflops, []
 
     def run(self, stage: str, tokens: int, flops_per_token: float, fn, *args):
-        from opdflow.device import peak_memory_gb, reset_peak_memory
+        from opdflow.runtime.device import peak_memory_gb, reset_peak_memory
 
         self.sync()
         reset_peak_memory(self.device)
@@ -149,9 +149,9 @@ def main() -> int:
     import torch
 
     from opdflow.config import TrainConfig
-    from opdflow.device import stage_device
     from opdflow.engines.base import GenerationRequest, SamplingParams
     from opdflow.engines.torch_engine import TorchEngine
+    from opdflow.runtime.device import stage_device
     from opdflow.stages.learner import Learner
     from opdflow.stages.rescorer import Rescorer
     from opdflow.stages.teacher import TeacherScorer

@@ -7,7 +7,7 @@ evaluation only at the start and the end) at k = 0, 1, 2, 4 with one generator a
 k = 2 with two generators (each generator replica and the learner reserve one Ray CPU and
 run torch on one thread), in one Ray cluster per generator count (`opdflow sweep`'s
 run_sweep), `--repeats` times. Then it simulates every configuration from ONE reference run's spans (the first k = 0 run) with
-opdflow.simulator, `--steps` steps like the runs, 20 seeds, two ways:
+opdflow.analysis.simulator, `--steps` steps like the runs, 20 seeds, two ways:
 
 - cluster: every stage on its own hardware (what `opdflow simulate` assumes by default);
 - shared: the stages share this machine's cores (nproc, processor sharing); other users'
@@ -53,7 +53,7 @@ def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     """Run (or reuse) one sweep; {k: {updates_per_hour, wait_share, staleness, run_dir}}."""
     from opdflow.commands.sweep import run_sweep
     from opdflow.config import PipelineConfig, load_pipeline
-    from opdflow.rundir import read_table
+    from opdflow.runtime.rundir import read_table
 
     done = root / "measured.json"
     if done.is_file():
@@ -94,7 +94,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from opdflow.simulator import SimConfig, StageTimes, simulate_mean
+    from opdflow.analysis.simulator import SimConfig, StageTimes, simulate_mean
 
     root = Path(args.out)
     measured: dict[tuple[int, int], list[dict]] = {c: [] for c in CONFIGS}

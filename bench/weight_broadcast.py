@@ -79,12 +79,12 @@ class StateLearner:
         self.device = torch.device("cpu")
 
     def bf16_entries(self) -> list:
-        from opdflow.weights import bf16_entries
+        from opdflow.runtime.weights import bf16_entries
 
         return bf16_entries(self.model.state_dict())
 
     def write_bf16(self, packed: Any) -> None:
-        from opdflow.weights import write_bf16
+        from opdflow.runtime.weights import write_bf16
 
         write_bf16(self.model.state_dict(), packed)
 
@@ -92,9 +92,9 @@ class StateLearner:
 def learner_actor_class() -> type:
     """LearnerActor whose Learner is a StateLearner; its _publish and weights methods run as
     in a pipeline."""
+    from opdflow.runtime.transport import Publisher
     from opdflow.stages import pin_threads
     from opdflow.stages.learner_actor import LearnerActor
-    from opdflow.transport import Publisher
 
     class BenchLearner(LearnerActor):
         def __init__(self, shapes: list[tuple[str, int]], transport: str, threads: int = 1):
@@ -140,7 +140,7 @@ def consumer_actor_class() -> type:
             self.version = 0
 
         def load_weights(self, state: dict, version: int) -> None:
-            from opdflow.weights import load_module
+            from opdflow.runtime.weights import load_module
 
             load_module(self.model, state)
             self.version = version
@@ -308,7 +308,7 @@ def main() -> None:
 
     import ray
 
-    from opdflow.raycluster import connect
+    from opdflow.runtime.cluster import connect
 
     connect(2)
     results = run(args.gb, args.repeats, work_n, transports, args.threads)

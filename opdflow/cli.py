@@ -69,11 +69,11 @@ def validate(
     click.echo(json.dumps(cfg.to_dict(), indent=2))
     where: dict[str, str] = {}
     if cluster:
-        from opdflow.placement import fit, parse_cluster
+        from opdflow.runtime.placement import fit, parse_cluster
 
         where = {a: f"node {n}" for a, n in fit(cfg, parse_cluster(cluster)).items()}
     elif cluster_yaml:
-        from opdflow.clusterfile import fit_cluster_file, load_cluster_file
+        from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
         where = fit_cluster_file(cfg, load_cluster_file(cluster_yaml))
     for node in dict.fromkeys(sorted(where.values(), key=_node_order)):
@@ -124,7 +124,7 @@ def run(
     if sinks is not None:
         extra.append("log.sinks=" + json.dumps([s.strip() for s in sinks.split(",") if s.strip()]))
     cfg = load_pipeline(pipeline, extra)
-    from opdflow.console import run_with_progress
+    from opdflow.commands.console import run_with_progress
 
     if resume and run_dir:
         raise click.UsageError("give either --run-dir (a new run) or --resume (an existing one)")

@@ -6,11 +6,11 @@ Variants are more functions: `opdflow run pipelines/tiny_cpu.py:synchronous`.
 """
 
 from opdflow.config import EvalConfig, PipelineConfig, StalenessConfig, TrainConfig
-from opdflow.testbed import worked
+from opdflow.testbed.tiny import worked
 
 
 def pipeline() -> PipelineConfig:
-    """The worked testbed (opdflow.testbed.worked), weights up to 2 versions stale, 60 steps.
+    """The worked testbed (opdflow.testbed.tiny.worked), weights up to 2 versions stale, 60 steps.
 
     Responses write out every column (~31 tokens); the student is its teacher fine-tuned to
     drop carries on 3 problems in 4. Its own cached build (about a minute the first time).
@@ -63,7 +63,7 @@ def short_answers() -> PipelineConfig:
     of the teacher's own training (30% greedy accuracy), no importance weight.
 
     The test fixtures use these models (the config defaults); the study runs the demo's
-    (opdflow.testbed.worked). OPD moves it little in 60 steps: held-out KL falls ~17%.
+    (opdflow.testbed.tiny.worked). OPD moves it little in 60 steps: held-out KL falls ~17%.
     """
     return PipelineConfig(
         name="tiny-cpu-short",

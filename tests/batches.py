@@ -6,9 +6,9 @@ from __future__ import annotations
 def sampled_batch(tiny, tokenizer, prompts: int, n: int, max_new_tokens: int, seed: int = 0):
     """`n` responses to each of the first `prompts` training prompts, sampled by the BF16
     tiny student's TorchEngine (a RolloutBatch with the engine's logprobs only)."""
-    from opdflow.data import load_prompts
     from opdflow.engines.base import GenerationRequest, SamplingParams
     from opdflow.engines.torch_engine import TorchEngine
+    from opdflow.testbed.data import load_prompts
 
     p = load_prompts(tiny.train, tokenizer, limit=prompts)
     engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)

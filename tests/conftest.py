@@ -15,13 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def tiny():
     """The default tiny build (tokenizer, student, teacher, parquet prompts)."""
     from opdflow.config import TaskSpec, TinyModelSpec
-    from opdflow.zoo import ensure_tiny
+    from opdflow.testbed.zoo import ensure_tiny
 
     return ensure_tiny(TinyModelSpec(), TaskSpec())
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny):
-    from opdflow.tokenizer import load_tokenizer
+    from opdflow.testbed.tokenizer import load_tokenizer
 
     return load_tokenizer(tiny.tokenizer)

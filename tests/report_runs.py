@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.rundir import RunDir
+from opdflow.runtime.rundir import RunDir
 
 
 def _write_spans(path: Path, rows: list[dict]) -> None:

@@ -1,1 +1,3 @@
-"""CLI commands grouped by topic; cli.py registers each with one line."""
+"""Commands: the face of opdflow. cli.py registers each group with one line.
+
+May import every folder; nothing imports commands/ but cli.py.

@@ -204,7 +204,7 @@ def _report_end(job_id: str, status: str, logs: str, client: Any) -> None:
     summary = summary_from_logs(logs)
     if summary is None:
         raise click.ClickException(f"job {job_id} SUCCEEDED but printed no run summary")
-    from opdflow.console import print_summary
+    from opdflow.commands.console import print_summary
 
     print_summary(summary)
 
@@ -269,8 +269,8 @@ def stop(job_id: str, address: str | None, token: str | None) -> None:
 @click.option("--run-dir", default=None)
 def job_entry(pipeline: str, overrides: tuple[str, ...], run_dir: str | None) -> None:
     """What a submitted job runs on the cluster: `opdflow run` plus the summary line."""
+    from opdflow.commands.console import run_with_progress
     from opdflow.config import load_pipeline
-    from opdflow.console import run_with_progress
 
     summary = run_with_progress(load_pipeline(pipeline, list(overrides)), run_dir)
     print(SUMMARY_MARK + json.dumps(summary, default=str), flush=True)

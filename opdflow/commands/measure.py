@@ -83,8 +83,8 @@ def measure(pipeline, num_prompts, responses, seed, overrides, recipes, out) -> 
 
     from rich.console import Console
 
+    from opdflow.analysis.measure import measure_recipes, write_measurements
     from opdflow.config import load_pipeline
-    from opdflow.measure import measure_recipes, write_measurements
 
     cfg = load_pipeline(pipeline, list(overrides))
     err = Console(stderr=True)
@@ -124,7 +124,7 @@ def attribute(pipeline, num_prompts, responses, seed, overrides, recipe, budget,
     from rich.console import Console
     from rich.table import Table
 
-    from opdflow.attribution import attribute as run_attribution
+    from opdflow.analysis.attribution import attribute as run_attribution
     from opdflow.config import load_pipeline
 
     cfg = load_pipeline(pipeline, list(overrides))

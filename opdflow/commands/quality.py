@@ -86,7 +86,7 @@ def compare(
 
     Exit code 0 on PASS, 1 on FAIL, 2 when the runs cannot be compared.
     """
-    from opdflow.quality import compare_runs, load_run
+    from opdflow.analysis.quality import compare_runs, load_run
 
     v = compare_runs(
         load_run(run_std), load_run(run_c), tau=tau, acc_drop=acc_drop, version=version
@@ -110,7 +110,7 @@ def _canonical(recipe: str) -> str:
 def _quiet() -> None:
     import os
 
-    from opdflow.raycluster import QUIET_ENV
+    from opdflow.runtime.cluster import QUIET_ENV
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
@@ -223,9 +223,9 @@ def admit(
     """
     from rich.console import Console
 
-    from opdflow.admission import decide, drift_report, load_budget
+    from opdflow.analysis.admission import decide, drift_report, load_budget
+    from opdflow.analysis.measure import measure_recipes
     from opdflow.config import load_pipeline
-    from opdflow.measure import measure_recipes
 
     _quiet()
     cfg = load_pipeline(pipeline, list(overrides))
@@ -237,8 +237,8 @@ def admit(
         speed = budget.step_s_per_response
         speed_source = "from the median step time of the budget file's standard run"
     if against:
-        from opdflow.calibration import step_cost
-        from opdflow.quality import load_run
+        from opdflow.analysis.calibration import step_cost
+        from opdflow.analysis.quality import load_run
 
         run = load_run(against)
         if _canonical(run.recipe) not in map(_canonical, recipes) and len(recipes) > 1:
@@ -333,9 +333,9 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
     from rich.console import Console
 
     from opdflow.config import load_pipeline
-    from opdflow.controller import run_pipeline
-    from opdflow.raycluster import connect
-    from opdflow.rundir import RunDir, same_config
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.cluster import connect
+    from opdflow.runtime.rundir import RunDir, same_config
 
     err = Console(stderr=True)
     started = connect()
@@ -418,7 +418,7 @@ def calibrate(
 ) -> None:
     """Derive the budget line L from finished runs (RUN ... --std RUN_STD), or from short
     runs along the noise ladder (--short PIPELINE). Writes --out for `opdflow admit`."""
-    from opdflow.calibration import (
+    from opdflow.analysis.calibration import (
         budget_dict,
         crossing_line,
         derive_bracket,
@@ -426,8 +426,8 @@ def calibrate(
         step_cost,
         write_budget,
     )
+    from opdflow.analysis.quality import load_run
     from opdflow.config import ConfigError
-    from opdflow.quality import load_run
 
     c = _console(err=as_json)  # with --json, stdout carries only the JSON
     if short:
@@ -464,7 +464,7 @@ def calibrate(
         line, msg = crossing_line(points, tau)
         c.print(f"short calibration: {msg}")
         if compare_budget and line is not None:
-            from opdflow.admission import load_budget
+            from opdflow.analysis.admission import load_budget
 
             full = load_budget(compare_budget)
             c.print(

@@ -15,7 +15,7 @@ import click
 )
 def report(run_dirs: tuple[str, ...], out: str | None) -> None:
     """Write PNG plots and report.html comparing RUN_DIRS (run or sweep directories)."""
-    from opdflow.report import write_report
+    from opdflow.analysis.report import write_report
 
     page = write_report(list(run_dirs), out)
     click.echo(str(page))

@@ -1,6 +1,6 @@
 """`opdflow simulate`: project a measured run to more generators, other k, batch and lengths.
 
-Reads RUN_DIR's spans (opdflow/simulator.py has the model), simulates every (generators,
+Reads RUN_DIR's spans (opdflow/analysis/simulator.py has the model), simulates every (generators,
 k) pair, prints a table, writes DIR/simulate.parquet and DIR/simulate.png (updates/hour
 vs generators, one line per k) and names the smallest configuration that keeps the
 trainer saturated (trainer wait share <= 2%). No Ray, no models: seconds.
@@ -35,7 +35,7 @@ def plot(results, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from opdflow.simulator import SATURATED_WAIT_SHARE
+    from opdflow.analysis.simulator import SATURATED_WAIT_SHARE
 
     ks = list(dict.fromkeys(r.config.k for r in results))
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
@@ -125,14 +125,14 @@ def simulate(
     import pyarrow.parquet as pq
     from rich.console import Console
 
-    from opdflow.commands.sweep import parse_ks
-    from opdflow.simulator import (
+    from opdflow.analysis.simulator import (
         SATURATED_WAIT_SHARE,
         SimConfig,
         StageTimes,
         grid,
         smallest_saturated,
     )
+    from opdflow.commands.sweep import parse_ks
 
     gs, kv = parse_ints(generators, "--generators"), parse_ks(ks)
     times = StageTimes.from_run(run_dir)

@@ -45,8 +45,8 @@ def run_study(
     import ray
     from rich.console import Console
 
-    from opdflow.raycluster import connect
-    from opdflow.study import ADMISSION_LINE, StudyResults, bracket_of, claims, plan
+    from opdflow.runtime.cluster import connect
+    from opdflow.study.plan import ADMISSION_LINE, StudyResults, bracket_of, claims, plan
 
     _quiet()
     err = Console(stderr=True)
@@ -84,8 +84,8 @@ def run_study(
 @click.option("--docs", type=click.Path(), default="docs", show_default=True)
 def render_study(results: str, docs: str) -> None:
     """Write DOCS/STUDY.md and DOCS/study/*.png from a results.json."""
-    from opdflow.study import StudyResults
-    from opdflow.study_doc import render
+    from opdflow.study.doc import render
+    from opdflow.study.plan import StudyResults
 
     res = StudyResults.from_dict(json.loads(Path(results).read_text()))
     path = render(res, Path(docs), source=results)
@@ -110,20 +110,20 @@ def _machine() -> dict:
 
 def _config(scale, arm, seed: int, overrides):
     from opdflow.config import apply_overrides
-    from opdflow.testbed import worked
+    from opdflow.testbed.tiny import worked
 
     return apply_overrides(worked(), [*arm.overrides(scale, seed), *overrides])
 
 
 def _admission(scale, arms, line: float, overrides, err) -> list[dict]:
     """Experiment 6, before any training: the admission check of every ladder engine."""
-    from opdflow.admission import Budget, decide
-    from opdflow.measure import MeasureSession
-    from opdflow.study import Arm
+    from opdflow.analysis.admission import Budget, decide
+    from opdflow.analysis.measure import MeasureSession
+    from opdflow.study.plan import Arm
 
     recipes = list(dict.fromkeys(a.recipe for a in arms if a.experiment == "ladder"))
     cfg = _config(scale, Arm("ladder"), 0, overrides)
-    budget = Budget(line, "calibrated before the study (opdflow.study.ADMISSION_LINE)")
+    budget = Budget(line, "calibrated before the study (opdflow.study.plan.ADMISSION_LINE)")
     with err.status("admission checks: loading the student"):
         session = MeasureSession(cfg, scale.admission_prompts, scale.admission_responses)
     out = []
@@ -146,7 +146,7 @@ def _train(scale, todo: list, root: Path, overrides, err, label: str = "") -> li
 
 def _repeats(arms, res, tau: float) -> list:
     """Ladder arms whose seed-0 verdict lies near tau (needs_repeat): they get seed 1."""
-    from opdflow.study import needs_repeat
+    from opdflow.study.plan import needs_repeat
 
     seed0 = {r.arm: r for r in res.runs if r.seed == 0 and r.verdict is not None}
     std_seeds = {r.seed for r in res.runs if r.arm == arms[0].name}
@@ -165,9 +165,9 @@ def _repeats(arms, res, tau: float) -> list:
 def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
     from rich.markup import escape
 
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir, same_config
-    from opdflow.study import run_result
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir, same_config
+    from opdflow.study.plan import run_result
 
     cfg = _config(scale, arm, seed, overrides)
     path = root / "runs" / f"{arm.slug}-seed{seed}"
@@ -208,7 +208,7 @@ def _judge_all(res, tau: float) -> None:
     """Judge every run not judged yet: OPD runs against the standard run of their seed and
     learning rate; RL runs against the bf16 run of their objective (same loss, centering,
     seed and learning rate)."""
-    from opdflow.study import STANDARD, judge, rl_breaks
+    from opdflow.study.plan import STANDARD, judge, rl_breaks
 
     def base_of(r):
         center = r.center and r.loss != "opd"  # OPD + centering is judged by the standard
@@ -229,8 +229,8 @@ def _judge_all(res, tau: float) -> None:
 
 def _outcomes(admission: list[dict], res) -> list[dict]:
     """Each admission decision next to the full-run verdict of its engine (k = 0, OPD)."""
-    from opdflow.admission import admits
-    from opdflow.study import arm_verdict, canonical
+    from opdflow.analysis.admission import admits
+    from opdflow.study.plan import arm_verdict, canonical
 
     for a in admission:
         rs = [
@@ -251,9 +251,9 @@ def _outcomes(admission: list[dict], res) -> list[dict]:
 
 def _probes(scale, res, overrides, err) -> list[dict]:
     """Experiments 5 and 7: gradient errors at the untrained student and the trained one."""
-    from opdflow.checkpoint import checkpoints_dir, load_latest, read_state
-    from opdflow.gradient_error import GradientProbe
-    from opdflow.study import PROBE_FAIL, PROBE_PASS, Arm
+    from opdflow.analysis.gradient_error import GradientProbe
+    from opdflow.runtime.checkpoint import checkpoints_dir, load_latest, read_state
+    from opdflow.study.plan import PROBE_FAIL, PROBE_PASS, Arm
 
     cfg = _config(scale, Arm("ladder"), 0, overrides)
     std = next(r for r in res.runs if r.arm == Arm("ladder").name and r.seed == 0)

@@ -1,7 +1,7 @@
 """`opdflow sweep`: one pipeline at several staleness bounds k, in one Ray cluster.
 
 Writes DIR/k<k>/ (a normal run directory per k), DIR/sweep.parquet (the table),
-DIR/sweep.png (the curves) and prints the table. The knee rule is in opdflow/throughput.py.
+DIR/sweep.png (the curves) and prints the table. The knee rule is in opdflow/analysis/throughput.py.
 """
 
 from __future__ import annotations
@@ -95,10 +95,10 @@ def run_sweep(cfgs: list, root) -> list[dict]:
     import pyarrow.parquet as pq
     import ray
 
-    from opdflow.controller import run_pipeline
-    from opdflow.raycluster import connect
-    from opdflow.rundir import RunDir, read_table
-    from opdflow.throughput import plot_sweep, sweep_rows
+    from opdflow.analysis.throughput import plot_sweep, sweep_rows
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.cluster import connect
+    from opdflow.runtime.rundir import RunDir, read_table
 
     root.mkdir(parents=True, exist_ok=True)
     r = cfgs[0][1].resources
@@ -140,7 +140,7 @@ def print_table(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from opdflow.throughput import KNEE_SHARE
+    from opdflow.analysis.throughput import KNEE_SHARE
 
     t = Table(title="opdflow sweep: throughput vs staleness bound k")
     for _, head, _ in _COLUMNS:

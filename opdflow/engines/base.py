@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from opdflow.rollout import RolloutBatch
+from opdflow.core.rollout import RolloutBatch
 
 
 @dataclass(frozen=True)

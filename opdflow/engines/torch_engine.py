@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.recipes import Recipe, parse_recipe
-from opdflow.rollout import RolloutBatch
 
 
 def sampling_logdist(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -46,7 +46,7 @@ class TorchEngine:
         recipe: str | Recipe = "bf16",
         device: str = "cpu",
     ):
-        from opdflow.models import load_model
+        from opdflow.testbed.models import load_model
 
         self.recipe = parse_recipe(recipe) if isinstance(recipe, str) else recipe
         self.model = load_model(model_path, "bfloat16", device)
@@ -64,7 +64,7 @@ class TorchEngine:
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version in place (zero-copy views in: the only copy), then re-apply
         the recipe's weight transform."""
-        from opdflow.weights import load_module
+        from opdflow.runtime.weights import load_module
 
         load_module(self.model, state)
         self.recipe.transform_weights(self.model)

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from opdflow.config import ConfigError
+from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest
 from opdflow.engines.recipes import vllm_options
-from opdflow.rollout import RolloutBatch
 
 MAX_LOGDIST_VOCAB = 4096
 """Full log-distributions are returned (as top-V logprobs) only up to this vocabulary."""
@@ -142,7 +142,7 @@ class WorkerExtension:
 
     def opdflow_pair_owner(self) -> str:
         """This worker's id as one end of a collective weights pair (transport.py)."""
-        from opdflow.transport import process_id
+        from opdflow.runtime.transport import process_id
 
         return process_id()
 
@@ -150,7 +150,7 @@ class WorkerExtension:
         self, address: str, keys: dict[str, str], backend: str, timeout_s: float, host: str
     ) -> None:
         """Open this worker's pair with the learner (on its own device for NCCL)."""
-        from opdflow.transport import PairEnd, process_id
+        from opdflow.runtime.transport import PairEnd, process_id
 
         device = getattr(self, "device", "cpu")
         key = keys[process_id()]
@@ -159,7 +159,7 @@ class WorkerExtension:
     def opdflow_receive(self, version: int, specs: tuple, nbytes: int, piece_bytes: int) -> None:
         """Receive a version on this worker's pair piece by piece (whole decoder layers, each
         piece freed once vLLM has loaded it), reloading from views of each piece."""
-        from opdflow.weights import views
+        from opdflow.runtime.weights import views
 
         pieces = self.opdflow_end.receive_pieces(version, specs, nbytes, piece_bytes)
         named = (item for packed in pieces for item in views(packed).items())
@@ -339,7 +339,7 @@ class VLLMEngine:
         return list(self.llm.collective_rpc("opdflow_pair_owner"))
 
     def join(self, address: str, keys: list[str], backend: str, timeout_s: float) -> None:
-        from opdflow.transport import node_ip
+        from opdflow.runtime.transport import node_ip
 
         by_owner = dict(zip(self.pair_owners(), keys))
         self.llm.collective_rpc(

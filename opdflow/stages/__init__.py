@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opdflow.config import StageResources
-from opdflow.profiler import SpanRecorder
+from opdflow.runtime.profiler import SpanRecorder
 
 
 def actor_options(
@@ -78,7 +78,7 @@ class StageActor(SpanRecorder):
             return
         import ray
 
-        from opdflow.transport import Fetcher, LocalReceiver
+        from opdflow.runtime.transport import Fetcher, LocalReceiver
 
         fetcher = self.__dict__.setdefault("_fetcher", Fetcher())
         with self.span("fetch", step, version) as s:

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from opdflow.device import stage_device
+from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
+from opdflow.runtime.device import stage_device
 from opdflow.stages import StageActor, pin_threads
-from opdflow.task import correctness, decoded_responses
+from opdflow.testbed.task import correctness, decoded_responses
 
 
 class Evaluator:
@@ -51,9 +51,9 @@ class Evaluator:
         keep_texts: bool = False,
         max_model_len: int | None = None,
     ):
-        from opdflow.grader import make_grader
-        from opdflow.models import load_model
-        from opdflow.tokenizer import load_tokenizer
+        from opdflow.testbed.grader import make_grader
+        from opdflow.testbed.models import load_model
+        from opdflow.testbed.tokenizer import load_tokenizer
 
         self.device = stage_device(device)
         self.tok = load_tokenizer(tokenizer_path)

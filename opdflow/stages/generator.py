@@ -21,10 +21,10 @@ from typing import Any
 
 import ray
 
+from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, merge_requests
-from opdflow.rollout import RolloutBatch
+from opdflow.runtime.supervisor import Link
 from opdflow.stages import StageActor, pin_threads
-from opdflow.supervisor import Link
 
 
 class GeneratorWorker(StageActor):
@@ -52,14 +52,14 @@ class GeneratorWorker(StageActor):
                 model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe, **(vllm_options or {})
             )
         else:
-            from opdflow.device import stage_device
             from opdflow.engines.torch_engine import TorchEngine
+            from opdflow.runtime.device import stage_device
 
             self.engine = TorchEngine(model_path, pad_id, eos_id, recipe, str(stage_device()))
         self.tok = None  # with a tokenizer, batches carry the 0/1 correctness reward
         if tokenizer_path is not None:
-            from opdflow.grader import make_grader
-            from opdflow.tokenizer import load_tokenizer
+            from opdflow.testbed.grader import make_grader
+            from opdflow.testbed.tokenizer import load_tokenizer
 
             self.tok = load_tokenizer(tokenizer_path)
             self.grader = make_grader(grader, grader_timeout_s)
@@ -72,7 +72,7 @@ class GeneratorWorker(StageActor):
             batch = self.engine.generate(request)
             s["tokens"] = batch.num_tokens
         if self.tok is not None and any(a is not None for a in batch.answers):
-            from opdflow.task import correctness
+            from opdflow.testbed.task import correctness
 
             batch.reward_B = correctness(batch, self.tok, self.grader)
         return batch

@@ -23,21 +23,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from opdflow import microbatch
-from opdflow.config import TrainConfig
-from opdflow.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
-from opdflow.fsdp import DistSpec
-from opdflow.losses import (
+from opdflow.compute.losses import (
     LossOptions,
     advantage,
     advantage_needs_learner,
     importance_weight,
     token_loss,
 )
-from opdflow.mismatch import MismatchStats, engine_mismatch
-from opdflow.rollout import RolloutBatch
-from opdflow.scoring import score_tokens
-from opdflow.weights import PackedWeights, allocate, bf16_entries, write_bf16
+from opdflow.compute.scoring import score_tokens
+from opdflow.config import TrainConfig
+from opdflow.core import microbatch
+from opdflow.core.mismatch import MismatchStats, engine_mismatch
+from opdflow.core.rollout import RolloutBatch
+from opdflow.runtime.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
+from opdflow.runtime.fsdp import DistSpec
+from opdflow.runtime.weights import PackedWeights, allocate, bf16_entries, write_bf16
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Learner:
         torch.manual_seed(seed)
         self.train_cfg = train
         if self.sharded:
-            from opdflow.fsdp import build_sharded, init_process_group
+            from opdflow.runtime.fsdp import build_sharded, init_process_group
 
             init_process_group(self.device, dist)
             self.model = build_sharded(
@@ -87,8 +87,8 @@ class Learner:
                 train.activation_checkpointing,
             )  # fmt: skip
         else:
-            from opdflow.fsdp import enable_activation_checkpointing
-            from opdflow.models import load_model
+            from opdflow.runtime.fsdp import enable_activation_checkpointing
+            from opdflow.testbed.models import load_model
 
             self.model = load_model(model_path, "float32", str(self.device)).train()
             if train.activation_checkpointing:
@@ -315,7 +315,7 @@ class Learner:
 
     def save_checkpoint(self, out_dir: str) -> None:
         """Every rank writes its shards (torch.distributed.checkpoint); rank 0 the counters."""
-        from opdflow.checkpoint import save_learner
+        from opdflow.runtime.checkpoint import save_learner
 
         save_learner(self.model, self.opt, Path(out_dir))
         if self.rank == 0:
@@ -323,7 +323,7 @@ class Learner:
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
         """Every rank reads its shards, from a checkpoint of any number of workers."""
-        from opdflow.checkpoint import load_learner
+        from opdflow.runtime.checkpoint import load_learner
 
         load_learner(self.model, self.opt, Path(ckpt_dir))
         meta = json.loads((Path(ckpt_dir) / "learner.json").read_text())

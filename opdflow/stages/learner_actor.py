@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from opdflow.config import TrainConfig
-from opdflow.rollout import RolloutBatch
+from opdflow.core.rollout import RolloutBatch
 from opdflow.stages import StageActor, pin_threads
 
 CONCURRENCY_GROUPS = {"weights": 4}
@@ -50,7 +50,7 @@ class LearnerActor(StageActor):
         transport: str = "object_store",
         weights_timeout_s: float = 300.0,
     ):
-        from opdflow.fsdp import DistSpec, free_port
+        from opdflow.runtime.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
         pin_threads(threads)
@@ -71,7 +71,7 @@ class LearnerActor(StageActor):
         self.learner = Learner(model_path, train, seed, dist=dist)
         self.publisher = None
         if rank == 0:
-            from opdflow.transport import Publisher
+            from opdflow.runtime.transport import Publisher
 
             self.publisher = Publisher(transport, self.learner.device, weights_timeout_s)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from opdflow.device import stage_device
-from opdflow.rollout import RolloutBatch, concat
-from opdflow.scoring import DEFAULT_CHUNK_TOKENS, score_batch
+from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
+from opdflow.core.rollout import RolloutBatch, concat
+from opdflow.runtime.device import stage_device
 from opdflow.stages import StageActor, pin_threads
 
 
@@ -26,7 +26,7 @@ class Rescorer:
         micro_batch_tokens: int = 0,
         device: str | None = None,
     ):
-        from opdflow.models import load_model
+        from opdflow.testbed.models import load_model
 
         self.device = stage_device(device)
         self.model = load_model(model_path, "bfloat16", str(self.device))
@@ -37,7 +37,7 @@ class Rescorer:
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version into the model (host to device on a GPU): its one copy."""
-        from opdflow.weights import load_module
+        from opdflow.runtime.weights import load_module
 
         load_module(self.model, state)
         self.version = version

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("opdflow.measure", reason="opdflow.measure comes with the recipes branch")
+pytest.importorskip(
+    "opdflow.analysis.measure", reason="opdflow.analysis.measure comes with the recipes branch"
+)
 
 from opdflow.cli import main
 from opdflow.engines.recipes import parse_recipe

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from processes import stop_group
 
-from opdflow.raycluster import LOOPBACK_ENV, connect
+from opdflow.runtime.cluster import LOOPBACK_ENV, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,8 +121,8 @@ def _cfg(checkpoint_dir: Path):
 @pytest.mark.slow
 def test_a_learner_that_cannot_see_the_checkpoint_dir_is_refused(hidden_from_actors, tmp_path):
     from opdflow.config import ConfigError
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir
 
     blind = _cfg(hidden_from_actors / "checkpoints")
     with pytest.raises(ConfigError) as refused:

@@ -40,7 +40,7 @@ def cluster():
     """One embedded cluster for every pipeline (as `opdflow run` starts), stopped after."""
     import ray
 
-    from opdflow.raycluster import connect
+    from opdflow.runtime.cluster import connect
 
     connect()
     yield
@@ -49,8 +49,8 @@ def cluster():
 
 @pytest.mark.parametrize("spec", RUNNABLE, ids=lambda s: Path(s).name)
 def test_pipeline_runs_tiny(spec, tmp_path, tiny, cluster):
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir, read_table
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir, read_table
 
     overrides = ["train.steps=3", "eval.every=3", "eval.prompts=8"]
     if load_pipeline(spec).models.tiny.student == "carry_blind":
@@ -78,9 +78,9 @@ def test_the_gpu_pipeline_runs_its_code_path_on_cpu(tiny, tmp_path, cluster):
     sharded checkpoint that a one-worker learner resumes (as the GPU run would, CUDA aside)."""
     import json
 
-    from opdflow.checkpoint import Checkpoint, checkpoints_dir
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir, read_table
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir
+    from opdflow.runtime.rundir import RunDir, read_table
 
     cpu = "num_gpus=0", "num_cpus=0.25", "torch_threads=1"
     overrides = [

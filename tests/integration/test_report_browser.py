@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from report_runs import make_sweep
 
-from opdflow.report import write_report
+from opdflow.analysis.report import write_report
 
 FLAGS = [
     "--headless",

@@ -14,7 +14,7 @@ import math
 from click.testing import CliRunner
 
 from opdflow.cli import main
-from opdflow.study import PROBE_FAIL, PROBE_PASS
+from opdflow.study.plan import PROBE_FAIL, PROBE_PASS
 
 
 def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp_path):

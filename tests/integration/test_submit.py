@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from processes import stop_group
 
 from opdflow.cli import main
-from opdflow.raycluster import LOOPBACK_ENV
+from opdflow.runtime.cluster import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / "pipelines" / "tiny_cpu.py:short_answers")

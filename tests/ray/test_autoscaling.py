@@ -70,8 +70,8 @@ DRIVER = r"""
 import json, sys, time
 import ray
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir, read_table
 
 def rollout_nodes():
     return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("rollout", 0) > 0)
@@ -117,7 +117,7 @@ def _listening(port: int) -> bool:
 
 @pytest.mark.slow
 def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
-    from opdflow.rundir import read_table
+    from opdflow.runtime.rundir import read_table
 
     port = _free_port()
     config = tmp_path / "autoscale.json"

@@ -7,8 +7,8 @@ import json
 import ray
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir, read_table
 
 STEPS = 4
 SAME = (
@@ -40,7 +40,7 @@ def _digests():
 
         import torch
 
-        from opdflow.weights import views
+        from opdflow.runtime.weights import views
 
         h = hashlib.sha256()
         for t in views(actor.learner.bf16_weights()).values():

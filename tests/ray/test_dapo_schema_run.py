@@ -53,8 +53,8 @@ def _dapo_parquet(src, dst, equivalent: bool) -> None:
 @pytest.fixture(scope="module")
 def dapo_run(tmp_path_factory, ray_local, tiny):
     from opdflow.config import PipelineConfig, apply_overrides
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir
 
     d = tmp_path_factory.mktemp("dapo")
     _dapo_parquet(tiny.train, d / "train.parquet", equivalent=False)
@@ -85,8 +85,8 @@ def dapo_run(tmp_path_factory, ray_local, tiny):
 def test_heldout_accuracy_agrees_with_an_independent_grading(dapo_run):
     from math_verify import parse, verify
 
-    from opdflow.rundir import read_table
-    from opdflow.task import is_correct
+    from opdflow.runtime.rundir import read_table
+    from opdflow.testbed.task import is_correct
 
     summary, run = dapo_run
     heldout = read_table(run.path / "heldout.parquet")
@@ -110,9 +110,9 @@ def test_heldout_accuracy_agrees_with_an_independent_grading(dapo_run):
 def test_both_generator_restarts_are_in_events_metrics_and_summary(dapo_run):
     from rich.console import Console
 
-    from opdflow.console import print_summary
-    from opdflow.restarts import RESTART_FLAG_SHARE
-    from opdflow.rundir import read_table
+    from opdflow.commands.console import print_summary
+    from opdflow.runtime.restarts import RESTART_FLAG_SHARE
+    from opdflow.runtime.rundir import read_table
 
     summary, run = dapo_run
     restarts = [e for e in run.events() if e["event"] == "restart"]

@@ -17,9 +17,9 @@ def _logits(model, tokenizer, texts):
 def test_final_and_export_give_the_final_learner_weights_logits(k0_run, tmp_path, tiny):
     from transformers import AutoModelForCausalLM
 
-    from opdflow.checkpoint import checkpoints_dir, read_state
     from opdflow.cli import main
-    from opdflow.tokenizer import load_tokenizer
+    from opdflow.runtime.checkpoint import checkpoints_dir, read_state
+    from opdflow.testbed.tokenizer import load_tokenizer
 
     _, metrics, run = k0_run
     final = run.path / "final"

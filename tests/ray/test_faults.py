@@ -10,9 +10,9 @@ import pytest
 import ray
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
-from opdflow.supervisor import StageFailed
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.runtime.supervisor import StageFailed
 
 STEPS = 10
 

@@ -17,7 +17,7 @@ from opdflow.stages.generator import GeneratorPool, GeneratorWorker
 
 @pytest.fixture(scope="module")
 def rollout_cluster():
-    from opdflow.raycluster import QUIET_ENV
+    from opdflow.runtime.cluster import QUIET_ENV
 
     if ray.is_initialized():
         ray.shutdown()
@@ -55,9 +55,9 @@ def make_worker(rollout_cluster, tiny, tokenizer):
 
 @pytest.fixture(scope="module")
 def weights(rollout_cluster, tiny):
-    from opdflow.models import load_model
-    from opdflow.transport import put_version
-    from opdflow.weights import pack
+    from opdflow.runtime.transport import put_version
+    from opdflow.runtime.weights import pack
+    from opdflow.testbed.models import load_model
 
     return put_version(pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0))
 
@@ -154,9 +154,9 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, p
 
 
 def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer, pools):
-    from opdflow.models import load_model
-    from opdflow.transport import put_version
-    from opdflow.weights import pack
+    from opdflow.runtime.transport import put_version
+    from opdflow.runtime.weights import pack
+    from opdflow.testbed.models import load_model
 
     pool = GeneratorPool([make_worker()], make_worker, 1, 2, idle_grace_s=60)
     pools.append(pool)
@@ -176,8 +176,8 @@ def test_pipeline_adds_the_replica_its_scheduler_asks_for_and_trains_every_step_
     above without a learner, because whether one generator keeps up with the learner depends
     on the machine."""
     from opdflow.config import PipelineConfig, apply_overrides
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir, read_table
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir, read_table
 
     steps = 12
     cfg = apply_overrides(

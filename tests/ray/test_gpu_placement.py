@@ -2,7 +2,7 @@
 
 ray.cluster_utils.Cluster starts two raylets on loopback that advertise 4 logical GPUs
 and 72 CPUs each (no GPU needed: Ray schedules logical resources). Placement.reserve, the
-code Stages.start runs, must place each pipeline's groups, and opdflow.placement.fit must
+code Stages.start runs, must place each pipeline's groups, and opdflow.runtime.placement.fit must
 agree with Ray on which stages share a node; half the cluster must not hold them.
 """
 
@@ -14,7 +14,7 @@ from ray.cluster_utils import Cluster
 from ray.util import placement_group, placement_group_table, remove_placement_group
 
 from opdflow.config import load_pipeline
-from opdflow.placement import Placement, bundle, fit, grouped_actors, parse_cluster
+from opdflow.runtime.placement import Placement, bundle, fit, grouped_actors, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"
 NODE = {"num_cpus": 72, "num_gpus": 4, "node_ip_address": "127.0.0.1"}

@@ -13,14 +13,14 @@ import ray
 import torch
 from batches import sampled_batch
 
-from opdflow.checkpoint import Checkpoint, checkpoints_dir, read_state
+from opdflow.compute.scoring import token_logprobs
 from opdflow.config import PipelineConfig, TrainConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.models import load_model
-from opdflow.rundir import RunDir, read_table
-from opdflow.scoring import token_logprobs
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, read_state
+from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.runtime.transport import fetch_state
 from opdflow.stages.learner_actor import learner_class
-from opdflow.transport import fetch_state
+from opdflow.testbed.models import load_model
 
 SAME = ("loss", "train_kl", "grad_norm", "entropy", "d_stale_k1", "d_stale_k3", "d_total_k1")
 EXACT = ("tokens", "responses", "weights_bytes", "skipped", "d_engine_k1")

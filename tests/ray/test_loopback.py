@@ -1,6 +1,6 @@
 """The embedded cluster is loopback only: node address and every bound socket on 127.0.0.1.
 
-`opdflow.raycluster.connect()` runs in a child Python (its own process group, its own Ray
+`opdflow.runtime.cluster.connect()` runs in a child Python (its own process group, its own Ray
 cluster, stopped by this test through that group, never `ray stop`), which reports the
 node address Ray registered and the sockets its process tree (driver, GCS, raylet,
 agents, workers) listens on and is connected to. Without raycluster.LOOPBACK_ENV, Ray
@@ -25,7 +25,7 @@ CHILD = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
 import ray
-from opdflow.raycluster import connect
+from opdflow.runtime.cluster import connect
 from sockets import sockets
 
 assert connect(1), "expected to start a local cluster"

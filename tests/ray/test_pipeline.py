@@ -5,8 +5,8 @@ import math
 import pytest
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir, read_table
 
 
 def _run(tmp_path, k, steps, extra=()):
@@ -48,8 +48,8 @@ def test_every_step_trained_once_within_the_staleness_bound(runs, k):
 
 @pytest.mark.parametrize("k", [0, 2])
 def test_old_weight_versions_are_released(runs, k, tiny):
-    from opdflow.models import load_model
-    from opdflow.weights import pack
+    from opdflow.runtime.weights import pack
+    from opdflow.testbed.models import load_model
 
     summary, metrics, _ = runs[k]
     assert max(r["live_weight_versions"] for r in metrics) <= k + 2

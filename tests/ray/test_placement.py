@@ -5,9 +5,9 @@ import ray
 from ray.util import placement_group_table
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir
-from opdflow.supervisor import StageFailed
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir
+from opdflow.runtime.supervisor import StageFailed
 
 
 def _cfg(*extra: str) -> PipelineConfig:

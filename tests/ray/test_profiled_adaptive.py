@@ -6,9 +6,9 @@ import math
 import pytest
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.profiler import STAGES
-from opdflow.rundir import RunDir, read_table
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.profiler import STAGES
+from opdflow.runtime.rundir import RunDir, read_table
 
 STEPS, K_MAX = 16, 2
 

@@ -3,8 +3,8 @@
 import math
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir, read_table
 
 
 def _mean_d_engine(tmp_path, recipe: str) -> float:

@@ -7,8 +7,8 @@ import ray
 from ray._private.internal_api import memory_summary
 
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.rundir import RunDir, read_table
 
 
 def _referenced_bytes() -> float:
@@ -20,8 +20,8 @@ def _referenced_bytes() -> float:
 
 @pytest.mark.slow
 def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_local, tiny):
-    from opdflow.models import load_model
-    from opdflow.weights import pack
+    from opdflow.runtime.weights import pack
+    from opdflow.testbed.models import load_model
 
     k = 2
     cfg = apply_overrides(

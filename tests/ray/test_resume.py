@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from opdflow.checkpoint import checkpoints_dir, load_latest
 from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.controller import run_pipeline
-from opdflow.rundir import RunDir, read_table
-from opdflow.supervisor import StopRequested
+from opdflow.driver.controller import run_pipeline
+from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
+from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.runtime.supervisor import StopRequested
 
 ROOT = Path(__file__).resolve().parents[2]
 DETERMINISTIC = (

@@ -5,8 +5,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from opdflow.rundir import read_table
-from opdflow.simulator import SimConfig, StageTimes, simulate
+from opdflow.analysis.simulator import SimConfig, StageTimes, simulate
+from opdflow.runtime.rundir import read_table
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 from tracker_readers import mlflow_run, tensorboard_run, wandb_offline_run
 
+from opdflow.analysis.report import write_report
 from opdflow.cli import main
-from opdflow.profiler import STEP_COLUMNS
-from opdflow.report import write_report
-from opdflow.rundir import read_table
-from opdflow.trackers import scalars
+from opdflow.runtime.profiler import STEP_COLUMNS
+from opdflow.runtime.rundir import read_table
+from opdflow.runtime.trackers import scalars
 
 STEPS = 3
 

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from opdflow.admission import PILOT_LINE, Budget, admits, decide, drift_report, load_budget
+from opdflow.analysis.admission import PILOT_LINE, Budget, admits, decide, drift_report, load_budget
 from opdflow.config import ConfigError, PipelineConfig
 
 
 def _m(recipe, d, low, high, seconds=4.0):
-    """The fields of an opdflow.measure.Measurement that a decision reads."""
+    """The fields of an opdflow.analysis.measure.Measurement that a decision reads."""
     return SimpleNamespace(
         recipe=recipe, d_k1=d, ci_low=low, ci_high=high, seconds=seconds, tokens=300,
         prompts=16, responses_per_prompt=2,

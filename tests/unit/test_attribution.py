@@ -2,9 +2,9 @@
 
 import pytest
 
-from opdflow.attribution import attribute
+from opdflow.analysis.attribution import attribute
+from opdflow.analysis.measure import MeasureSession
 from opdflow.config import PipelineConfig, load_pipeline
-from opdflow.measure import MeasureSession
 
 pytestmark = pytest.mark.slow  # builds the planted tiny models once per cache (minutes)
 

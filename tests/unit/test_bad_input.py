@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from opdflow.cli import main
+from opdflow.commands.console import open_resume
 from opdflow.config import ConfigError, PipelineConfig, apply_overrides
-from opdflow.console import open_resume
-from opdflow.models import resolve_models
-from opdflow.rundir import RunDir
+from opdflow.runtime.rundir import RunDir
+from opdflow.testbed.models import resolve_models
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_checkpoint_of_the_wrong_architecture(tmp_path, tiny):
 
 
 def test_student_and_teacher_tokenizers_differ(tmp_path, tiny):
-    from opdflow.tokenizer import build_char_tokenizer
+    from opdflow.testbed.tokenizer import build_char_tokenizer
 
     student = _checkpoint_copy(tmp_path, tiny, "s")
     teacher = _checkpoint_copy(tmp_path, tiny, "t")
@@ -247,7 +247,7 @@ def test_cli_refuses_an_mlflow_file_store(tmp_path, tiny, monkeypatch):
 
 
 def test_mlflow_defaults_to_sqlite_in_the_run_directory(tmp_path, monkeypatch):
-    from opdflow.trackers import mlflow_tracking_uri
+    from opdflow.runtime.trackers import mlflow_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = PipelineConfig()
@@ -284,12 +284,12 @@ def test_vllm_version_floor(version, ok):
 
 def test_cli_run_refuses_an_old_or_missing_vllm_before_anything_starts(tmp_path, monkeypatch):
     import opdflow.engines.vllm_engine as vllm_engine
-    import opdflow.raycluster
+    import opdflow.runtime.cluster
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started")
 
-    monkeypatch.setattr(opdflow.raycluster, "connect", no_ray)
+    monkeypatch.setattr(opdflow.runtime.cluster, "connect", no_ray)
     out_dir = tmp_path / "run"
     args = ["run", "pipelines/tiny_cpu.py", "--set", "engine.kind=vllm", "--run-dir", str(out_dir)]
     monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.10.2")

@@ -118,7 +118,7 @@ def test_pipeline_variant_and_overrides(tmp_path):
 def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
     import json
 
-    from opdflow.rundir import same_config
+    from opdflow.runtime.rundir import same_config
 
     cfg = PipelineConfig()
     old = cfg.to_dict()
@@ -130,7 +130,7 @@ def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
 
 
 def test_weights_transport_resolves_by_devices_and_refuses_nccl_to_a_cpu_consumer():
-    from opdflow.stages.assembly import weights_transport
+    from opdflow.driver.assembly import weights_transport
 
     gpus = [f"resources.{s}.num_gpus=1" for s in ("learner", "generator", "rescorer", "evaluator")]
     assert weights_transport(PipelineConfig()) == "object_store"  # auto on CPUs

@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from opdflow.console import make_progress, print_summary, progress_line, step_fields
+from opdflow.commands.console import make_progress, print_summary, progress_line, step_fields
 
 ROW = {"d_engine_k1": 1.23e-8, "trainer_wait_s": 0.12, "staleness": 2}
 
@@ -99,8 +99,8 @@ def test_summarize_reads_accuracy_from_heldout_rows_when_the_task_has_answers(tm
     import pyarrow.parquet as pq
 
     from opdflow.config import PipelineConfig, apply_overrides
-    from opdflow.controller import summarize
-    from opdflow.rundir import RunDir
+    from opdflow.driver.controller import summarize
+    from opdflow.runtime.rundir import RunDir
 
     def run_with(heldout: str, name: str) -> dict:
         cfg = apply_overrides(PipelineConfig(name=name), [f"data.heldout={heldout}"])

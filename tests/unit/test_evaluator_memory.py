@@ -19,7 +19,7 @@ V = 16_000
 CHILD = r"""
 import json, sys
 import numpy as np, torch
-from opdflow.device import peak_memory_gb, reset_peak_memory
+from opdflow.runtime.device import peak_memory_gb, reset_peak_memory
 from opdflow.stages.evaluator import Evaluator
 
 root, prompts, batch_prompts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -47,7 +47,7 @@ def models(tmp_path_factory):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from opdflow.tokenizer import build_char_tokenizer
+    from opdflow.testbed.tokenizer import build_char_tokenizer
 
     root = tmp_path_factory.mktemp("evaluator_memory")
     cfg = Qwen2Config(

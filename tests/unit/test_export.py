@@ -18,8 +18,8 @@ from opdflow.config import ConfigError, PipelineConfig, TrainConfig
 def run_dir(tmp_path_factory, tiny):
     """A run directory with one committed learner checkpoint (step 3) of the tiny student
     moved off its starting weights."""
-    from opdflow import checkpoint
-    from opdflow.rundir import RunDir
+    from opdflow.runtime import checkpoint
+    from opdflow.runtime.rundir import RunDir
     from opdflow.stages.learner import Learner
 
     run = RunDir.create(PipelineConfig(name="export"), tmp_path_factory.mktemp("e") / "run")
@@ -37,8 +37,8 @@ def run_dir(tmp_path_factory, tiny):
 def test_export_is_the_checkpoint_in_bf16_and_loads_with_transformers(run_dir, tmp_path, tiny):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from opdflow.checkpoint import read_state
     from opdflow.cli import main
+    from opdflow.runtime.checkpoint import read_state
 
     res = CliRunner().invoke(main, ["export", str(run_dir), "--out", str(tmp_path / "hf")])
     assert res.exit_code == 0, res.output
@@ -60,7 +60,7 @@ def test_large_models_are_sharded_and_read_a_few_tensors_at_a_time(run_dir, tmp_
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
 
-    from opdflow.export import export_checkpoint
+    from opdflow.runtime.export import export_checkpoint
 
     reads: list[int] = []
     load = dcp.load
@@ -70,7 +70,7 @@ def test_large_models_are_sharded_and_read_a_few_tensors_at_a_time(run_dir, tmp_
         return load(state, **kw)
 
     monkeypatch.setattr(dcp, "load", counting)
-    from opdflow.export import student_paths
+    from opdflow.runtime.export import student_paths
 
     student, tokenizer = student_paths(PipelineConfig())
     out = export_checkpoint(
@@ -91,7 +91,7 @@ def test_large_models_are_sharded_and_read_a_few_tensors_at_a_time(run_dir, tmp_
 
 
 def test_refusals_name_what_is_missing(run_dir, tmp_path):
-    from opdflow.export import export_run
+    from opdflow.runtime.export import export_run
 
     with pytest.raises(ConfigError, match=r"is not a run directory: no config.json"):
         export_run(tmp_path, tmp_path / "out")

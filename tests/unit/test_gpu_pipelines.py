@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from opdflow.config import ConfigError, load_pipeline, pipeline_functions
-from opdflow.placement import fit, parse_cluster
+from opdflow.runtime.placement import fit, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"
 SPECS = [f"{FILE}:{name}" for name in pipeline_functions(FILE)]

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from opdflow.config import ConfigError
-from opdflow.data import load_prompts
-from opdflow.grader import MathGrader, make_grader
+from opdflow.testbed.data import load_prompts
+from opdflow.testbed.grader import MathGrader, make_grader
 
 GROUND_TRUTHS = ["42", "\\frac{1}{2}", "0.75", "2\\sqrt{3}", "\\frac{\\pi}{2}"]
 

@@ -26,8 +26,8 @@ import numpy as np, torch
 from safetensors.numpy import load_file
 from safetensors.torch import save_file
 from opdflow.config import TrainConfig
-from opdflow.device import peak_memory_gb, reset_peak_memory
-from opdflow.rollout import RolloutBatch
+from opdflow.runtime.device import peak_memory_gb, reset_peak_memory
+from opdflow.core.rollout import RolloutBatch
 from opdflow.stages.learner import Learner
 
 model, batch_file, budget, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]

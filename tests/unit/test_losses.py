@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from opdflow.losses import LossOptions, policy_loss, rl_advantage
+from opdflow.compute.losses import LossOptions, policy_loss, rl_advantage
 
 
 def test_policy_loss_value_and_gradient_on_hand_made_tensors():

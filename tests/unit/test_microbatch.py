@@ -12,9 +12,9 @@ from batches import sampled_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opdflow import microbatch
+from opdflow.compute.scoring import score_batch, score_tokens
 from opdflow.config import TrainConfig
-from opdflow.scoring import score_batch, score_tokens
+from opdflow.core import microbatch
 from opdflow.stages.learner import Learner
 
 
@@ -50,7 +50,7 @@ def batch(tiny, tokenizer):
 
 
 def test_selected_rows_score_as_in_the_whole_batch(tiny, batch):
-    from opdflow.models import load_model
+    from opdflow.testbed.models import load_model
 
     model = load_model(str(tiny.student), "float32")
     with torch.no_grad():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from opdflow.mismatch import MismatchStats, exact_kl, k1, k3
+from opdflow.core.mismatch import MismatchStats, exact_kl, k1, k3
 
 
 def _dists(rng, n, v, scale):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from opdflow.profiler import (
+from opdflow.runtime.profiler import (
     STAGES,
     Span,
     SpanRecorder,
@@ -14,7 +14,7 @@ from opdflow.profiler import (
     to_span,
     write_spans,
 )
-from opdflow.rundir import read_table
+from opdflow.runtime.rundir import read_table
 
 
 class Worker(SpanRecorder):

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from opdflow.calibration import RunPoint, crossing_line, derive_bracket, points_from_runs
+from opdflow.analysis.calibration import RunPoint, crossing_line, derive_bracket, points_from_runs
+from opdflow.analysis.quality import compare_runs, load_run
 from opdflow.cli import main
 from opdflow.config import ConfigError, PipelineConfig, apply_overrides
-from opdflow.quality import compare_runs, load_run
-from opdflow.rundir import RunDir
-from opdflow.stats import paired_diff_ci
+from opdflow.core.stats import paired_diff_ci
+from opdflow.runtime.rundir import RunDir
 
 TOKENS = 20
 
@@ -202,7 +202,7 @@ def test_calibrate_cli_from_constructed_runs(tmp_path):
     budget = json.loads(out.read_text())
     assert budget["line_nats"] == pytest.approx(0.2) and budget["bracket"] == [0.1, 0.4]
     assert budget["step_s_per_response"] == pytest.approx(0.5 / 64)
-    from opdflow.admission import load_budget
+    from opdflow.analysis.admission import load_budget
 
     assert load_budget(out).line == pytest.approx(0.2)
     # all pass: says so, writes nothing, exit 1

@@ -5,9 +5,7 @@ import math
 import pytest
 from report_runs import make_run, make_sweep
 
-from opdflow.config import ConfigError
-from opdflow.profiler import union_seconds
-from opdflow.report import (
+from opdflow.analysis.report import (
     accuracy_curve,
     bottleneck,
     busy_shares,
@@ -20,6 +18,8 @@ from opdflow.report import (
     version_times,
     write_report,
 )
+from opdflow.config import ConfigError
+from opdflow.runtime.profiler import union_seconds
 
 
 def test_bottleneck_rule():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from opdflow.console import restarts_line
-from opdflow.restarts import RESTART_FLAG_SHARE, RestartLog, restart_slowdown
+from opdflow.commands.console import restarts_line
+from opdflow.runtime.restarts import RESTART_FLAG_SHARE, RestartLog, restart_slowdown
 
 
 class _Actor:

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from opdflow.scheduler import AdaptiveStaleness
-from opdflow.staleness import (
+from opdflow.core.adaptive import AdaptiveStaleness
+from opdflow.core.staleness import (
     Decision,
     FixedStaleness,
     StalenessPolicy,

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from opdflow.data import load_prompts
+from opdflow.compute.scoring import _ChunkedLogprob, exact_kl_between, score_tokens, token_logprobs
+from opdflow.core.mismatch import exact_kl_per_token
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine
-from opdflow.mismatch import exact_kl_per_token
-from opdflow.models import load_model
-from opdflow.scoring import _ChunkedLogprob, exact_kl_between, score_tokens, token_logprobs
+from opdflow.testbed.data import load_prompts
+from opdflow.testbed.models import load_model
 
 CHUNK = 5  # far fewer than the batch's response tokens, and not a divisor of them
 

@@ -29,9 +29,9 @@ CHILD = r"""
 import dataclasses, json, resource, sys
 import numpy as np, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from opdflow.losses import LossOptions, policy_loss
-from opdflow.rollout import RolloutBatch
-from opdflow.scoring import score_tokens, token_logprobs
+from opdflow.compute.losses import LossOptions, policy_loss
+from opdflow.core.rollout import RolloutBatch
+from opdflow.compute.scoring import score_tokens, token_logprobs
 
 torch.set_num_threads(1)
 torch.manual_seed(0)

@@ -5,9 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from opdflow.config import ConfigError
-from opdflow.scheduler import AdaptiveStaleness
-from opdflow.simulator import (
+from opdflow.analysis.simulator import (
     LengthModel,
     SimConfig,
     StageTimes,
@@ -15,7 +13,9 @@ from opdflow.simulator import (
     simulate,
     smallest_saturated,
 )
-from opdflow.staleness import FixedStaleness, within_bound
+from opdflow.config import ConfigError
+from opdflow.core.adaptive import AdaptiveStaleness
+from opdflow.core.staleness import FixedStaleness, within_bound
 
 
 def _period(result, n: int = 10) -> float:

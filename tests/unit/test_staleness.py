@@ -1,6 +1,6 @@
 import pytest
 
-from opdflow.staleness import FixedStaleness, launch_version, within_bound
+from opdflow.core.staleness import FixedStaleness, launch_version, within_bound
 
 
 @pytest.mark.parametrize(

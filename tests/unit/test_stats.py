@@ -1,6 +1,6 @@
 import numpy as np
 
-from opdflow.stats import paired_diff_ci, pooled_ratio_ci
+from opdflow.core.stats import paired_diff_ci, pooled_ratio_ci
 
 
 def test_pooled_ratio_interval_contains_the_estimate_and_shrinks_with_data():

@@ -2,7 +2,7 @@
 
 import math
 
-from opdflow.controller import StepClock
+from opdflow.driver.controller import StepClock
 
 
 def _clock(times):

@@ -8,7 +8,7 @@ import pytest
 
 from opdflow.config import PipelineConfig, apply_overrides
 from opdflow.engines.recipes import parse_recipe
-from opdflow.study import (
+from opdflow.study.plan import (
     PROBE_FAIL,
     PROBE_PASS,
     Claim,
@@ -20,7 +20,7 @@ from opdflow.study import (
     plan,
     rl_breaks,
 )
-from opdflow.testbed import worked
+from opdflow.testbed.tiny import worked
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -169,7 +169,7 @@ def test_claims_from_hand_made_results():
         ),
     ]
     res = StudyResults(scale={}, tau=0.2, runs=runs, gradient=grad)
-    from opdflow.study import bracket_of
+    from opdflow.study.plan import bracket_of
 
     res.bracket = bracket_of(runs)
     assert res.bracket["largest_pass"] == 0.5 and res.bracket["smallest_fail"] == 2.0
@@ -206,7 +206,7 @@ def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
 
 
 def test_each_run_is_judged_against_the_standard_of_its_own_learning_rate(monkeypatch):
-    import opdflow.study as study
+    import opdflow.study.plan as study
     from opdflow.commands.study import _judge_all
 
     runs = [

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from opdflow.task import (
+from opdflow.testbed.task import (
     alphabet,
     carry_blind_solution,
     is_correct,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from opdflow.config import ConfigError, PipelineConfig, apply_overrides
-from opdflow.rundir import RunDir, read_table
-from opdflow.trackers import flatten, k_policy, open_trackers, run_params, scalars
+from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.runtime.trackers import flatten, k_policy, open_trackers, run_params, scalars
 
 
 def test_scalars_keeps_finite_numbers_under_their_own_names():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from opdflow.weights import ALIGN, WeightStore, pack, views
+from opdflow.runtime.weights import ALIGN, WeightStore, pack, views
 
 
 def test_pack_and_views_round_trip_keeps_dtype_shape_and_bits():
@@ -45,7 +45,7 @@ def test_a_version_never_released_breaks_the_bound():
     import pytest
 
     from opdflow.config import StalenessConfig
-    from opdflow.weights import live_bound
+    from opdflow.runtime.weights import live_bound
 
     assert live_bound(StalenessConfig(k=2)) == 4
     assert live_bound(StalenessConfig(policy="adaptive", k=0, k_max=8)) == 10
@@ -90,7 +90,7 @@ def test_views_are_zero_copy_even_of_a_read_only_buffer():
 
 
 def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
-    from opdflow.weights import FlatLayout, load_module
+    from opdflow.runtime.weights import FlatLayout, load_module
 
     for tied in (False, True):
         src, dst = _module(tied=tied), _module(tied=tied)
@@ -110,7 +110,7 @@ def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
 
 
 def test_load_module_falls_back_per_tensor_and_stays_strict():
-    from opdflow.weights import load_module
+    from opdflow.runtime.weights import load_module
 
     src, wide = _module(), _module(torch.float32)  # an engine computing in float32
     load_module(wide, views(pack({k: v.detach() for k, v in src.state_dict().items()}, 1)))
@@ -128,8 +128,8 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
     actors in a run): bytes equal, a released version is refused without a hang."""
     import threading
 
-    from opdflow.transport import PairEnd, Publisher
-    from opdflow.weights import bf16_entries, write_bf16
+    from opdflow.runtime.transport import PairEnd, Publisher
+    from opdflow.runtime.weights import bf16_entries, write_bf16
 
     state = {k: v.detach().float() for k, v in _module().state_dict().items()}
     pub = Publisher("collective", torch.device("cpu"), timeout_s=30)
@@ -182,8 +182,8 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
 
 
 def test_pieces_keep_layers_whole_and_cover_the_version_in_order():
-    from opdflow.transport import plan_pieces
-    from opdflow.weights import layout
+    from opdflow.runtime.transport import plan_pieces
+    from opdflow.runtime.weights import layout
 
     entries = [("model.embed_tokens.weight", torch.bfloat16, (64, 8))]
     for i in range(3):

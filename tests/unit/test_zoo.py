@@ -1,8 +1,8 @@
 """The tiny build's recipe key and its planted key dimensions."""
 
 from opdflow.config import TaskSpec, TinyModelSpec
-from opdflow.testbed import worked
-from opdflow.zoo import model_config, planted_key_dims, recipe_key
+from opdflow.testbed.tiny import worked
+from opdflow.testbed.zoo import model_config, planted_key_dims, recipe_key
 
 
 def test_only_the_fields_a_build_uses_are_in_its_key():

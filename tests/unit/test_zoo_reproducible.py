@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from opdflow.config import TaskSpec, TinyModelSpec
-from opdflow.zoo import _build, build_env, ensure_tiny
+from opdflow.testbed.zoo import _build, build_env, ensure_tiny
 
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
@@ -43,7 +43,7 @@ def _weights(root: Path) -> dict[str, str]:
 def _unpinned_build(root: Path, machine: dict[str, str]) -> dict[str, str]:
     spec = {"model": dataclasses.asdict(SPEC), "task": dataclasses.asdict(TASK)}
     subprocess.run(
-        [sys.executable, "-m", "opdflow.zoo", json.dumps(spec), str(root)],
+        [sys.executable, "-m", "opdflow.testbed.zoo", json.dumps(spec), str(root)],
         env={**build_env(portable=False), **machine},
         check=True,
         capture_output=True,

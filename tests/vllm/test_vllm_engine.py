@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from opdflow.core.mismatch import exact_kl, k1
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.mismatch import exact_kl, k1
 
 
 def _request(prompts, params=None, seed=7, n=4, version=0):
@@ -31,9 +31,9 @@ def _request(prompts, params=None, seed=7, n=4, version=0):
 
 def _rescore(model_path, batch, params):
     """logp_B_T and logdist_B_T_V of the distribution sampled from, under transformers BF16."""
+    from opdflow.compute.scoring import batch_tensors
     from opdflow.engines.torch_engine import sampling_logdist
-    from opdflow.models import load_model
-    from opdflow.scoring import batch_tensors
+    from opdflow.testbed.models import load_model
 
     model = load_model(str(model_path), "bfloat16")
     ids, attn, pos, P = batch_tensors(batch)
@@ -119,9 +119,9 @@ def test_same_seed_same_samples_other_seed_other_samples(engine, prompts):
 def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prompts, tiny):
     import ray
 
-    from opdflow.models import load_model
-    from opdflow.raycluster import connect
-    from opdflow.weights import pack, views
+    from opdflow.runtime.cluster import connect
+    from opdflow.runtime.weights import pack, views
+    from opdflow.testbed.models import load_model
 
     params = SamplingParams(return_logdist=True)
     started = connect(1)
@@ -172,7 +172,7 @@ def test_the_prefix_cache_serves_repeats_and_is_dropped_at_a_weights_update(
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
-    from opdflow.models import load_model
+    from opdflow.testbed.models import load_model
 
     block = engine.llm.llm_engine.vllm_config.cache_config.block_size
     long = (tokenizer.encode("Q:123+045=") * 40)[: block + 40]
@@ -200,11 +200,11 @@ def test_the_prefix_cache_serves_repeats_and_is_dropped_at_a_weights_update(
 def exported(tmp_path_factory, tiny, make_engine):
     """`opdflow export` of a run directory whose learner checkpoint moved off the student,
     and a VLLMEngine on it (alive until the module ends: see fp8_engines)."""
-    from opdflow import checkpoint
     from opdflow.config import PipelineConfig, TrainConfig
     from opdflow.engines.vllm_engine import VLLMEngine
-    from opdflow.export import export_run
-    from opdflow.rundir import RunDir
+    from opdflow.runtime import checkpoint
+    from opdflow.runtime.export import export_run
+    from opdflow.runtime.rundir import RunDir
     from opdflow.stages.learner import Learner
 
     run = RunDir.create(PipelineConfig(name="x"), tmp_path_factory.mktemp("x") / "run")
@@ -255,9 +255,9 @@ def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prom
     in pieces of whole layers (small pieces here: several per version)."""
     import threading
 
-    from opdflow.models import load_model
-    from opdflow.transport import Publisher
-    from opdflow.weights import bf16_entries, write_bf16
+    from opdflow.runtime.transport import Publisher
+    from opdflow.runtime.weights import bf16_entries, write_bf16
+    from opdflow.testbed.models import load_model
 
     params = SamplingParams(return_logdist=True)
     student_state = load_model(str(tiny.student), "bfloat16").state_dict()
@@ -366,7 +366,7 @@ def test_fp8_kv_d_agrees_between_the_torch_emulation_and_vllm(
 @needs_fp8_kv
 def test_fp8_kv_amax_scales_follow_a_weights_update(fp8_engines, prompts, tiny):
     """The hooks outlive vLLM's weight reload: each generation rescales from its prefill."""
-    from opdflow.models import load_model
+    from opdflow.testbed.models import load_model
 
     eng = fp8_engines["fp8_kv"]
     student = load_model(str(tiny.student), "bfloat16").state_dict()

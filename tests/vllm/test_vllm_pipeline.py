@@ -11,13 +11,13 @@ import pytest
 import ray
 
 from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.core.mismatch import exact_kl
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.mismatch import exact_kl
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from opdflow.raycluster import connect
+    from opdflow.runtime.cluster import connect
 
     started = connect(4)
     yield
@@ -27,9 +27,9 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
-    from opdflow.models import load_model
-    from opdflow.transport import put_version
-    from opdflow.weights import pack
+    from opdflow.runtime.transport import put_version
+    from opdflow.runtime.weights import pack
+    from opdflow.testbed.models import load_model
 
     return {  # each ref resolves to the version's handle, as the learner publishes it
         name: put_version(pack(load_model(str(path), "bfloat16").state_dict(), version))
@@ -39,8 +39,8 @@ def weights(cluster, tiny):
 
 @pytest.mark.slow
 def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, cluster, weights, tiny, tokenizer):
-    from opdflow.controller import run_pipeline
-    from opdflow.rundir import RunDir, read_table
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir, read_table
     from opdflow.stages.evaluator import Evaluator
 
     steps, prompts = 4, 64

@@ -14,25 +14,25 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from opdflow import checkpoint
-from opdflow.checkpoint import Checkpoint
 from opdflow.config import PipelineConfig, StageResources
-from opdflow.data import PromptSampler, PromptSet, load_prompts
+from opdflow.core.staleness import FixedStaleness, StalenessPolicy
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.models import ResolvedModels, resolve_models
-from opdflow.placement import Placement, grouped_actors
-from opdflow.profiler import Profiler
-from opdflow.raycluster import connect
-from opdflow.rundir import RunDir
+from opdflow.runtime import checkpoint
+from opdflow.runtime.checkpoint import Checkpoint
+from opdflow.runtime.cluster import connect
+from opdflow.runtime.placement import Placement, grouped_actors
+from opdflow.runtime.profiler import Profiler
+from opdflow.runtime.rundir import RunDir
+from opdflow.runtime.supervisor import StageFailed
+from opdflow.runtime.weights import WeightStore
 from opdflow.stages import actor_options
-from opdflow.staleness import FixedStaleness, StalenessPolicy
-from opdflow.supervisor import StageFailed
-from opdflow.weights import WeightStore
+from opdflow.testbed.data import PromptSampler, PromptSet, load_prompts
+from opdflow.testbed.models import ResolvedModels, resolve_models
 
 
 def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
     if cfg.staleness.policy == "adaptive":
-        from opdflow.scheduler import AdaptiveStaleness
+        from opdflow.core.adaptive import AdaptiveStaleness
 
         return AdaptiveStaleness.from_config(cfg.staleness)
     return FixedStaleness(cfg.staleness.k)
@@ -57,7 +57,7 @@ def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any
 
 def weights_transport(cfg: PipelineConfig) -> str:
     """The transport weights.transport resolves to for this run's resources."""
-    from opdflow.transport import resolve
+    from opdflow.runtime.transport import resolve
 
     r = cfg.resources
     consumers = (r.generator.num_gpus, r.rescorer.num_gpus, r.evaluator.num_gpus)
@@ -108,12 +108,12 @@ class Stages:
 
     @classmethod
     def start(cls, cfg: PipelineConfig, checkpoint_root: Path, log=print) -> Stages:
-        from opdflow.grader import make_grader
         from opdflow.stages.evaluator import EvaluatorActor
         from opdflow.stages.generator import GeneratorPool, GeneratorWorker
         from opdflow.stages.rescorer import RescorerActor
         from opdflow.stages.teacher import TeacherActor
-        from opdflow.tokenizer import load_tokenizer
+        from opdflow.testbed.grader import make_grader
+        from opdflow.testbed.tokenizer import load_tokenizer
 
         paths = resolve_models(cfg, log=log)
         tok = load_tokenizer(paths.tokenizer)
@@ -337,7 +337,7 @@ class Stages:
 
     def transport_event(self) -> dict[str, Any]:
         """Which transport (and collective backend) each consumer's fetches use."""
-        from opdflow.transport import backend_of
+        from opdflow.runtime.transport import backend_of
 
         r, how = self.cfg.resources, self.transport
         if how == "collective":
@@ -359,7 +359,7 @@ class Stages:
     def export_final(self, run: RunDir, step: int) -> Path:
         """The finished run's student as a Hugging Face checkpoint in RUN_DIR/final/ (from
         the checkpoint of `step`, just written; export.py)."""
-        from opdflow.export import export_checkpoint
+        from opdflow.runtime.export import export_checkpoint
 
         root = self.checkpoint_root or checkpoint.checkpoints_dir(run.path)
         assert self.models is not None

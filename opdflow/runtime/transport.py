@@ -37,7 +37,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from opdflow.weights import PackedWeights, TensorSpec, WeightsHandle, allocate, layout, views
+from opdflow.runtime.weights import (
+    PackedWeights,
+    TensorSpec,
+    WeightsHandle,
+    allocate,
+    layout,
+    views,
+)
 
 TRANSPORTS = ("auto", "object_store", "collective")
 OBJECT_STORE_BUFFERS = 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from opdflow.study import STANDARD, StudyResults, arm_verdict, group
+from opdflow.study.plan import STANDARD, StudyResults, arm_verdict, group
 
 
 def _f(x: float | None, spec: str = ".3g") -> str:
@@ -123,7 +123,7 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
         "# The study on tiny models",
         "",
         "The findings of the paper (docs/DESIGN.md), re-run on opdflow's worked testbed "
-        "(opdflow.testbed.worked: a 3-layer Qwen2 teacher that writes out every column of an "
+        "(opdflow.testbed.tiny.worked: a 3-layer Qwen2 teacher that writes out every column of an "
         "addition, ~31 tokens, and a student fine-tuned from it to drop carries; the demo's "
         "models). Same shapes, not the same sizes: every number below comes from one run of",
         "",
@@ -316,7 +316,7 @@ def render(res: StudyResults, docs: Path, source: str = "results.json") -> Path:
     )  # fmt: skip
     L += [
         "Decisions were made before any training run (ADMIT iff 1.5 x D_hat <= L), with the "
-        "line L fixed beforehand (opdflow.study.ADMISSION_LINE: a short calibration, "
+        "line L fixed beforehand (opdflow.study.plan.ADMISSION_LINE: a short calibration, "
         "`opdflow calibrate --short`, of these models against the study's standard run). "
         '"With the study\'s L" applies the '
         "line this study's own bracket gives, known only after training. The check sees the "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from opdflow.config import ConfigError
-from opdflow.stats import Interval, paired_diff_ci
+from opdflow.core.stats import Interval, paired_diff_ci
 
 TAU = 0.20
 """The paper's tolerance: a run fails at >= 20% worse final held-out KL."""
@@ -66,7 +66,7 @@ class RunRecord:
 
 def load_run(path: str | Path) -> RunRecord:
     """Read a run directory; errors name the missing file and what writes it."""
-    from opdflow.rundir import read_table
+    from opdflow.runtime.rundir import read_table
 
     p = Path(path)
     if not p.is_dir():

@@ -200,7 +200,7 @@ def canonical(recipe: str) -> str:
 
 
 def _pooled(metrics: list[dict[str, Any]], key: str) -> float:
-    from opdflow.calibration import pooled_over_steps
+    from opdflow.analysis.calibration import pooled_over_steps
 
     return pooled_over_steps(metrics, key)
 
@@ -243,7 +243,7 @@ class RunResult:
 
 
 def run_result(arm: Arm, seed: int, path: str | Path, seconds: float) -> RunResult:
-    from opdflow.quality import load_run
+    from opdflow.analysis.quality import load_run
 
     r = load_run(path)
     first, last = r.versions[0], r.versions[-1]
@@ -279,7 +279,7 @@ def run_result(arm: Arm, seed: int, path: str | Path, seconds: float) -> RunResu
 
 def judge(result: RunResult, against: RunResult, tau: float) -> dict[str, Any]:
     """The quality rule of `result` against `against` (paired prompts, same seed)."""
-    from opdflow.quality import compare_runs, load_run
+    from opdflow.analysis.quality import compare_runs, load_run
 
     v = compare_runs(load_run(against.path), load_run(result.path), tau=tau)
     d = v.to_dict()
@@ -364,7 +364,7 @@ def _mean(xs: list[float]) -> float:
 
 def bracket_of(runs: list[RunResult]) -> dict[str, Any]:
     """Experiment 1's bracket over the OPD ladder: [largest passing D, smallest failing D]."""
-    from opdflow.calibration import RunPoint, derive_bracket
+    from opdflow.analysis.calibration import RunPoint, derive_bracket
 
     points = []
     for name, rs in group([r for r in runs if r.experiment == "ladder"]).items():

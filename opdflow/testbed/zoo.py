@@ -54,7 +54,7 @@ def build_env(portable: bool, base: dict[str, str] | None = None) -> dict[str, s
     if portable and platform.machine().lower() in ("x86_64", "amd64"):
         env.update(PINNED_KERNELS)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(BUILD_THREADS)
-    package_parent = str(Path(__file__).resolve().parents[1])
+    package_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     return env
 
@@ -165,7 +165,7 @@ def greedy_accuracy(model, tok, prompts: list[str], answers: list[str], max_new:
     """Exact-match accuracy of greedy answers (a quick build-time check)."""
     import torch
 
-    from opdflow.task import is_correct
+    from opdflow.testbed.task import is_correct
 
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, attn = enc["input_ids"], enc["attention_mask"]
@@ -195,7 +195,7 @@ def _train(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from opdflow.task import response_tokens, target_text
+    from opdflow.testbed.task import response_tokens, target_text
 
     torch.manual_seed(spec.seed)
     cfg = model_config(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
@@ -271,7 +271,7 @@ def _carry_blind_student(
     import numpy as np
     import torch
 
-    from opdflow.task import carry_blind_solution, worked_solution
+    from opdflow.testbed.task import carry_blind_solution, worked_solution
 
     blind = np.random.default_rng(spec.seed + 1).random(len(prompts)) < spec.carry_blind_share
     targets = [carry_blind_solution(p) if b else worked_solution(p) for p, b in zip(prompts, blind)]
@@ -323,8 +323,8 @@ def ensure_tiny(
 def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
     import torch
 
-    from opdflow.task import alphabet, split_problems, write_parquet
-    from opdflow.tokenizer import build_char_tokenizer
+    from opdflow.testbed.task import alphabet, split_problems, write_parquet
+    from opdflow.testbed.tokenizer import build_char_tokenizer
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
@@ -360,7 +360,7 @@ def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> N
 
 
 def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
-    """Run _build in `python -m opdflow.zoo` under build_env(), relaying its log lines: kernel
+    """Run _build in `python -m opdflow.testbed.zoo` under build_env(), relaying its log lines: kernel
     pins only take effect in a process that has not loaded torch yet, and every build runs
     the same way whether pinned or not."""
     spec = json.dumps(
@@ -368,7 +368,7 @@ def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, 
     )
     with tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(
-            [sys.executable, "-m", "opdflow.zoo", spec, str(root)],
+            [sys.executable, "-m", "opdflow.testbed.zoo", spec, str(root)],
             env=build_env(model_spec.portable_kernels),
             stdout=subprocess.PIPE,
             stderr=err,
@@ -390,7 +390,7 @@ def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, 
 
 
 def main(argv: list[str]) -> None:
-    """`python -m opdflow.zoo SPEC_JSON ROOT`: one build in this process (_build_in_child)."""
+    """`python -m opdflow.testbed.zoo SPEC_JSON ROOT`: one build in this process (_build_in_child)."""
     spec = json.loads(argv[0])
     _build(
         TinyModelSpec(**spec["model"]),

@@ -145,7 +145,7 @@ def crossing_line(points: list[RunPoint], tau: float) -> tuple[float | None, str
 
 def points_from_runs(std_path: str | Path, run_paths: list[str | Path], tau: float, **kw):
     """Judge every run against the standard run (the standard run itself included, Delta 0)."""
-    from opdflow.quality import compare_runs, load_run
+    from opdflow.analysis.quality import compare_runs, load_run
 
     std = load_run(std_path)
     out = []

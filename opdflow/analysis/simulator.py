@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from opdflow.scheduler import AdaptiveStaleness
-from opdflow.staleness import FixedStaleness, StepObservation, launch_version, within_bound
+from opdflow.core.adaptive import AdaptiveStaleness
+from opdflow.core.staleness import FixedStaleness, StepObservation, launch_version, within_bound
 
 SATURATED_WAIT_SHARE = 0.02
 """The trainer counts as saturated when it waits at most this share of its step time."""
@@ -118,7 +118,7 @@ class StageTimes:
     def from_run(cls, run_dir: str | Path) -> StageTimes:
         """From RUN_DIR's spans.parquet, metrics.parquet and config.json (warm-up steps left out)."""
         from opdflow.config import ConfigError
-        from opdflow.rundir import read_table
+        from opdflow.runtime.rundir import read_table
 
         p = Path(run_dir)
         for name in ("spans.parquet", "metrics.parquet", "config.json"):

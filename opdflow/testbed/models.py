@@ -107,7 +107,7 @@ def check_checkpoints(cfg: PipelineConfig) -> None:
 
 
 def _vocab(path: str) -> dict[str, int]:
-    from opdflow.tokenizer import load_tokenizer
+    from opdflow.testbed.tokenizer import load_tokenizer
 
     return load_tokenizer(path).get_vocab()
 
@@ -116,7 +116,7 @@ def resolve_models(cfg: PipelineConfig, log=print) -> ResolvedModels:
     """Build or reuse the tiny models, or check the given checkpoint directories."""
     tiny = None
     if cfg.models.student == "tiny" or "tiny" in (cfg.data.train, cfg.data.heldout):
-        from opdflow.zoo import ensure_tiny
+        from opdflow.testbed.zoo import ensure_tiny
 
         tiny = ensure_tiny(cfg.models.tiny, cfg.data.task, cfg.models.cache_dir, log=log)
     if cfg.models.student == "tiny":

@@ -1,6 +1,6 @@
 """The admission check: minutes of measurement that predict whether an engine will hurt hours of training.
 
-Per candidate recipe: `opdflow.measure.measure_recipes` generates a few responses per
+Per candidate recipe: `opdflow.analysis.measure.measure_recipes` generates a few responses per
 problem with the candidate engine and rescores exactly those tokens with the BF16
 student at the same weights, giving D_hat (token-pooled k1, nats/token) with a bootstrap
 interval over prompts. ADMIT iff alpha * D_hat <= L, else REJECT. L is a calibrated line
@@ -169,7 +169,7 @@ def drift_report(
     metrics: list[dict[str, Any]], d_hat: float, alpha: float = ALPHA, windows: int = 4
 ) -> list[DriftWindow]:
     """Online D (token-pooled per window, plus one row for all steps) over the offline D_hat."""
-    from opdflow.calibration import pooled_over_steps
+    from opdflow.analysis.calibration import pooled_over_steps
 
     rows = sorted(metrics, key=lambda r: r["step"])
     if not rows:

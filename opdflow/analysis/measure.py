@@ -33,7 +33,7 @@ class Measurement:
     d_exact: float
     """Exact full-vocab KL(q_engine || p_bf16) at visited prefixes (nan if the vocab is too big)."""
     ci_low: float
-    """95% bootstrap interval over prompts of d_k1 (opdflow.stats.pooled_ratio_ci)."""
+    """95% bootstrap interval over prompts of d_k1 (opdflow.core.stats.pooled_ratio_ci)."""
     ci_high: float
     tokens: int
     prompts: int
@@ -67,9 +67,9 @@ class MeasureSession:
         weights: dict | None = None,
         log: Callable[[str], None] | None = None,
     ):
-        from opdflow.data import load_prompts
-        from opdflow.models import load_model, resolve_models
-        from opdflow.tokenizer import load_tokenizer
+        from opdflow.testbed.data import load_prompts
+        from opdflow.testbed.models import load_model, resolve_models
+        from opdflow.testbed.tokenizer import load_tokenizer
 
         self.cfg, self.seed, self.weights = cfg, seed, weights
         self.n = responses_per_prompt
@@ -79,7 +79,7 @@ class MeasureSession:
         self.prompts = load_prompts(
             self.paths.heldout, self.tokenizer, cfg.data.max_prompt_tokens, limit=num_prompts
         )
-        from opdflow.device import stage_device
+        from opdflow.runtime.device import stage_device
 
         self.device = str(stage_device())  # a GPU where this process has one
         self.student = load_model(self.paths.student, "bfloat16", self.device)
@@ -108,11 +108,11 @@ class MeasureSession:
 
     def measure(self, recipe: str) -> Measurement:
         """Generate with `recipe`, rescore with the BF16 student, pool per prompt."""
+        from opdflow.compute.scoring import score_batch
+        from opdflow.core.mismatch import MismatchStats
+        from opdflow.core.stats import pooled_ratio_ci
         from opdflow.engines.base import GenerationRequest, SamplingParams
         from opdflow.engines.recipes import parse_recipe
-        from opdflow.mismatch import MismatchStats
-        from opdflow.scoring import score_batch
-        from opdflow.stats import pooled_ratio_ci
 
         text = parse_recipe(recipe).text
         t0 = time.perf_counter()

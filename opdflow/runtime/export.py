@@ -45,8 +45,8 @@ def parse_size(text: str) -> int:
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[Path, Any]:
     """The checkpoint directory of a run (`step`, default the latest) and the run's config;
     a ConfigError says what is missing."""
-    from opdflow.checkpoint import checkpoints_dir, load_latest
     from opdflow.config import PipelineConfig
+    from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
 
     run = Path(run_dir)
     if not (run / "config.json").is_file():
@@ -112,8 +112,8 @@ def export_checkpoint(
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
 
-    from opdflow.checkpoint import _single_process_quiet
-    from opdflow.tokenizer import load_tokenizer
+    from opdflow.runtime.checkpoint import _single_process_quiet
+    from opdflow.testbed.tokenizer import load_tokenizer
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -181,7 +181,7 @@ def student_paths(cfg: Any) -> tuple[str, str]:
     or the cached tiny build (built again if the cache was cleared; nothing downloaded)."""
     if cfg.models.student != "tiny":
         return cfg.models.student, cfg.models.student
-    from opdflow.zoo import ensure_tiny
+    from opdflow.testbed.zoo import ensure_tiny
 
     tiny = ensure_tiny(cfg.models.tiny, cfg.data.task, cfg.models.cache_dir, log=lambda m: None)
     return str(tiny.student), str(tiny.tokenizer)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opdflow.analysis.measure import Measurement, MeasureSession
 from opdflow.config import PipelineConfig
-from opdflow.measure import Measurement, MeasureSession
 
 
 @dataclass(frozen=True)

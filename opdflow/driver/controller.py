@@ -30,13 +30,13 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from opdflow.checkpoint import Checkpoint, checkpoints_dir, load_latest
 from opdflow.config import ConfigError, PipelineConfig
-from opdflow.restarts import RestartLog, restart_slowdown
-from opdflow.rundir import RunDir
-from opdflow.stages.assembly import Stages
-from opdflow.staleness import StepObservation, launch_version, within_bound
-from opdflow.supervisor import (
+from opdflow.core.staleness import StepObservation, launch_version, within_bound
+from opdflow.driver.assembly import Stages
+from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, load_latest
+from opdflow.runtime.restarts import RestartLog, restart_slowdown
+from opdflow.runtime.rundir import RunDir
+from opdflow.runtime.supervisor import (
     Link,
     StageFailed,
     StopRequested,
@@ -44,8 +44,8 @@ from opdflow.supervisor import (
     diagnose,
     stop_on_signals,
 )
-from opdflow.trackers import open_trackers
-from opdflow.weights import live_bound
+from opdflow.runtime.trackers import open_trackers
+from opdflow.runtime.weights import live_bound
 
 
 @dataclass
@@ -271,7 +271,7 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
     when the held-out prompts have no reference answers."""
     import numpy as np
 
-    from opdflow.data import heldout_has_answers
+    from opdflow.testbed.data import heldout_has_answers
 
     m = run.metrics
     by_version = {}

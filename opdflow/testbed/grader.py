@@ -57,7 +57,7 @@ class ExactGrader:
     kind = "exact"
 
     def __call__(self, response: str, answer: str | None) -> bool:
-        from opdflow.task import is_correct
+        from opdflow.testbed.task import is_correct
 
         return is_correct(response, answer)
 

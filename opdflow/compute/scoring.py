@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from opdflow import microbatch
-from opdflow.rollout import RolloutBatch
+from opdflow.core import microbatch
+from opdflow.core.rollout import RolloutBatch
 
 DEFAULT_CHUNK_TOKENS = 1024
 """Tokens whose full-vocabulary logits are held at once (1024 x 150k fp32 is ~0.6 GB)."""

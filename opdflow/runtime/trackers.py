@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from opdflow.config import ConfigError, PipelineConfig
-from opdflow.rundir import RunDir
+from opdflow.runtime.rundir import RunDir
 
 EXTRA_SINKS = ("tensorboard", "wandb", "mlflow")
 """Sinks besides metrics.parquet; each is an extra: pip install 'opdflow[<name>]'."""

@@ -69,9 +69,9 @@ class GradientProbe:
         """weights: FP32 student state (e.g. a run's checkpoint); None = the untrained student."""
         import torch
 
-        from opdflow.data import load_prompts
-        from opdflow.models import load_model, resolve_models
-        from opdflow.tokenizer import load_tokenizer
+        from opdflow.testbed.data import load_prompts
+        from opdflow.testbed.models import load_model, resolve_models
+        from opdflow.testbed.tokenizer import load_tokenizer
 
         self.cfg, self.label, self.seed, self.n = cfg, label, seed, responses_per_prompt
         self.paths = resolve_models(cfg, log=lambda _m: None)
@@ -88,9 +88,9 @@ class GradientProbe:
     def _batch(self, recipe: str, seed: int):
         import torch
 
+        from opdflow.compute.scoring import token_logprobs
         from opdflow.engines.base import GenerationRequest, SamplingParams
         from opdflow.engines.torch_engine import TorchEngine
-        from opdflow.scoring import token_logprobs
 
         engine = TorchEngine(
             self.paths.student, self.tok.pad_token_id, self.tok.eos_token_id, recipe
@@ -116,8 +116,8 @@ class GradientProbe:
     def _grad(self, batch, advantage_from: str):
         import torch
 
-        from opdflow.losses import LossOptions, policy_loss
-        from opdflow.scoring import token_logprobs
+        from opdflow.compute.losses import LossOptions, policy_loss
+        from opdflow.compute.scoring import token_logprobs
 
         self.student.zero_grad(set_to_none=True)
         logp, _ = token_logprobs(self.student, batch, self.cfg.engine.temperature)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from opdflow.config import ConfigError
-from opdflow.profiler import union_seconds
+from opdflow.runtime.profiler import union_seconds
 
 WAIT_BOUND = 0.10
 """Trainer wait share (of learner step time) at or above which a run is generation-bound."""
@@ -143,7 +143,7 @@ def heldout_curve(heldout: list[dict[str, Any]]) -> list[tuple[int, float]]:
 def accuracy_curve(run: RunData) -> list[tuple[int, float]]:
     """(version, held-out accuracy) per evaluated version; empty when the run's held-out
     prompts have no reference answers (its accuracy would be a meaningless 0)."""
-    from opdflow.data import heldout_has_answers
+    from opdflow.testbed.data import heldout_has_answers
 
     answers = heldout_has_answers(run.config.get("data", {}).get("heldout", "tiny"))
     acc = [r.get("accuracy") for r in run.heldout]

@@ -117,8 +117,8 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def open_resume(cfg: PipelineConfig, path: str):
     """The run directory and checkpoint to continue; the config must match the run's."""
-    from opdflow.checkpoint import checkpoints_dir, load_latest
-    from opdflow.rundir import RunDir
+    from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
+    from opdflow.runtime.rundir import RunDir
 
     run = RunDir.open(path)
     saved, now = run.config(), cfg.to_dict()
@@ -143,11 +143,11 @@ def run_with_progress(
     cfg: PipelineConfig, run_dir: str | None = None, resume: str | None = None
 ) -> dict:
     """Run a pipeline with a live progress bar; print and return its summary."""
-    from opdflow.controller import run_pipeline
-    from opdflow.models import check_checkpoints
-    from opdflow.rundir import RunDir
-    from opdflow.supervisor import StageFailed, StopRequested
-    from opdflow.trackers import check_trackers
+    from opdflow.driver.controller import run_pipeline
+    from opdflow.runtime.rundir import RunDir
+    from opdflow.runtime.supervisor import StageFailed, StopRequested
+    from opdflow.runtime.trackers import check_trackers
+    from opdflow.testbed.models import check_checkpoints
 
     check_checkpoints(cfg)  # bad input is refused before a run directory, a sink or Ray exists
     check_trackers(cfg)
@@ -209,7 +209,7 @@ def accuracy_change(s: dict) -> str:
 def restarts_line(s: dict) -> str:
     """'generator 2, teacher 1: cost 35% of updates/hour (RESTARTS SLOWED THIS RUN)', 'none',
     or n/a for a summary from before opdflow recorded restarts."""
-    from opdflow.restarts import RESTART_FLAG_SHARE
+    from opdflow.runtime.restarts import RESTART_FLAG_SHARE
 
     counts = s.get("restarts")
     if counts is None:

@@ -32,7 +32,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from opdflow.staleness import Decision, StepObservation
+from opdflow.core.staleness import Decision, StepObservation
 
 
 @dataclass
