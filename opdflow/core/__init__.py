@@ -1,4 +1,4 @@
-Core: the rules of the pipeline as pure Python and numpy, with nothing heavy imported.
+"""Core: the rules of the pipeline as pure Python and numpy, with nothing heavy imported.
 
 What lives here: the rollout batch that flows through every stage, the staleness bound and
 the policies that choose k (fixed and adaptive), the launch rule a version must pass,
@@ -8,3 +8,4 @@ so the driver, the simulator and the analyses can use the same rules without a G
 
 May import: the standard library, numpy, opdflow.errors and other core modules. Imported by
 every other folder.
+"""

@@ -1,4 +1,4 @@
-Driver: the process that runs a pipeline: one session, the assembly of stages, the loop.
+"""Driver: the process that runs a pipeline: one session, the assembly of stages, the loop.
 
 session.py connects to Ray, creates or resumes the run directory, runs and cleans up; every
 command that runs a pipeline (run, sweep, calibrate --short, study run) and the benches go
@@ -7,3 +7,4 @@ controller.py is the loop that launches generation within the staleness bound, f
 learner and records each step.
 
 May import: every folder but commands/. Imported by commands/ and the benches.
+"""

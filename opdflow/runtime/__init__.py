@@ -1,4 +1,4 @@
-Runtime: what a run needs from Ray, the machines and the disk, with no stage logic.
+"""Runtime: what a run needs from Ray, the machines and the disk, with no stage logic.
 
 The Ray connection (cluster.py), placement of actors on nodes (placement.py, clusterfile.py),
 the supervisor and restart record, weights versions and their transports (weights.py,
@@ -7,3 +7,4 @@ experiment trackers and the export of a finished run's student.
 
 May import: opdflow.core, opdflow.config, opdflow.errors, ray, torch. Imported by stages/,
 driver/, analysis/ and commands/; never imports them.
+"""

@@ -1,4 +1,4 @@
-Testbed and inputs: the models, tokenizer and data a run reads.
+"""Testbed and inputs: the models, tokenizer and data a run reads.
 
 The tiny worked-solutions task and the tiny student and teacher models that opdflow builds
 and caches itself (zoo.py, task.py, tokenizer.py, tiny.py), and the loaders that read real
@@ -7,3 +7,4 @@ data.py, grader.py). Nothing here downloads anything.
 
 May import: opdflow.core, opdflow.config, opdflow.errors, torch and transformers (lazily
 where possible). Imported by stages/, analysis/, driver/ and commands/.
+"""
