@@ -97,7 +97,7 @@ class GeneratorWorker(StageActor):
         return self.engine.version
 
     def _ensure(self, weights: WeightsRef, step: int) -> None:
-        """The engine at `version`: vLLM receives a collective version in its own workers
+        """The engine at `weights`: vLLM receives a collective version in its own workers
         (its worker extension), the torch engine here."""
         engine = self.engine
         receiver = engine if hasattr(engine, "pair_owners") else None

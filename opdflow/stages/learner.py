@@ -322,7 +322,6 @@ class Learner:
         others); every rank must call this. The learner actor publishes through reused
         buffers instead (publisher.py)."""
         packed = allocate(self.bf16_entries(), self.version) if self.rank == 0 else None
-        self.cast.settle()
         write_bf16(self.model.state_dict(), packed)
         return packed
 
