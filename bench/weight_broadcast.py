@@ -232,10 +232,10 @@ def measure(
     """One transport: per-repeat seconds and ratios, medians; needs a connected Ray."""
     import ray
 
-    from opdflow.stages.learner_actor import CONCURRENCY_GROUPS
+    from opdflow.stages.learner_actor import learner_class
 
     opts = {"num_cpus": 0}
-    learner = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(learner_actor_class())
+    learner = learner_class(learner_actor_class())
     learner = learner.options(**opts).remote(shapes, transport, threads, cast_in)
     consumer = ray.remote(consumer_actor_class()).options(**opts).remote(shapes)
     rows = []

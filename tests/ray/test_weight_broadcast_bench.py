@@ -1,6 +1,6 @@
 """bench/weight_broadcast.py in its CI size: the run's own weight path with both transports,
-every number present and sane, the consumer's weights equal to the learner's cast (no
-timing bounds)."""
+every number present and sane, the consumer's weights equal to a plain BF16 cast of the
+learner's weights its version was published from (no timing bounds)."""
 
 import importlib.util
 import json
@@ -27,11 +27,15 @@ def test_quick_bench_times_publish_and_fetch_of_both_transports_next_to_memcpy(
     for r in results:
         assert r["bytes_equal"] is True, r  # what the generator loaded is the learner's cast
         assert math.isclose(r["gb"], bench.QUICK["gb"], rel_tol=0.01)
-        for key in ("publish_critical", "fetch_load", "publish_fetch"):
+        for key in ("cast", "fetch_load"):
             ratio = r[f"{key}_over_memcpy"]
             assert ratio > 0 and math.isfinite(ratio), (key, r)
+        # what a publish costs the next step: a difference of two step times (noise may
+        # make it negative when the cast hides entirely behind the step)
+        assert math.isfinite(r["publish_critical_over_memcpy"]), r
         assert len(r["rows"]) == bench.QUICK["repeats"] + 1  # a warm-up, then the timed ones
-        assert all(row["publish_critical_s"] > 0 and row["fetch_load_s"] > 0 for row in r["rows"])
+        for row in r["rows"]:
+            assert row["publish_blocked_s"] > 0 and row["cast_s"] > 0 and row["fetch_load_s"] > 0
     assert results[0]["put_s"] > 0  # the object store's put ran (beside the next step)
     out = tmp_path / "bench.json"
     out.write_text(json.dumps(bench.summary(results)))
