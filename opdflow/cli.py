@@ -13,7 +13,7 @@ class _Group(click.Group):
     """Turns ConfigError into a one-line message and exit code 2, no traceback."""
 
     def invoke(self, ctx: click.Context):
-        from opdflow.config import ConfigError
+        from opdflow.errors import ConfigError
 
         try:
             return super().invoke(ctx)

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A pipeline or configuration problem a person can fix; the message says what and how."""
+from opdflow.errors import ConfigError
 
 
 def _fail(path: str, value: Any, expected: str) -> typing.NoReturn:

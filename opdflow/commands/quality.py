@@ -427,7 +427,7 @@ def calibrate(
         write_budget,
     )
     from opdflow.analysis.quality import load_run
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     c = _console(err=as_json)  # with --json, stdout carries only the JSON
     if short:

@@ -16,7 +16,7 @@ import click
 
 def parse_ints(text: str, option: str) -> list[int]:
     """'4,8,16' -> [4, 8, 16] with errors naming the option and the bad item."""
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):

@@ -24,7 +24,7 @@ _COLUMNS = [
 
 def parse_ks(text: str) -> list[int | str]:
     """'0,1,2,adaptive' -> [0, 1, 2, 'adaptive'] with errors naming the bad item."""
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     out: list[int | str] = []
     for item in (x.strip() for x in text.split(",") if x.strip()):

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from opdflow.config import ConfigError
 from opdflow.engines.fakequant import fake_fp8, fake_nvfp4
 from opdflow.engines.recipes import Part
+from opdflow.errors import ConfigError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -48,7 +48,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 _LAYERS = ("layers", "bf16_layers")
 # kind -> {argument: default}; an argument's type is its default's (None: a layer list)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from opdflow.config import ConfigError
 from opdflow.engines.recipes import KNOWN, parse_recipe, vllm_options, with_parts
+from opdflow.errors import ConfigError
 
 EXAMPLES = [
     "bf16",

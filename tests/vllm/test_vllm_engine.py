@@ -438,8 +438,8 @@ def test_recipe_names_map_to_vllm_options(recipe, expected):
     "recipe", ["noise(0.1)", "fp9", "fp8_kv(keys=1)", "fp8_kv(keys_only=true)", "nvfp4"]
 )
 def test_unsupported_recipes_are_refused_by_name(recipe):
-    from opdflow.config import ConfigError
     from opdflow.engines.vllm_engine import engine_options
+    from opdflow.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"recipe"):
         engine_options(recipe, 3)
