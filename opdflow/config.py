@@ -252,7 +252,7 @@ class EngineConfig:
             )
         if not isinstance(self.recipe, str) or not self.recipe.strip():
             _fail(f"{path}.recipe", self.recipe, 'a recipe name such as "bf16"')
-        from opdflow.engines.recipes import parse_recipe  # light: no torch at import
+        from opdflow.core.recipe import parse_recipe
 
         try:
             parse_recipe(self.recipe)

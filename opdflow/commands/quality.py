@@ -102,7 +102,7 @@ def compare(
 
 
 def _canonical(recipe: str) -> str:
-    from opdflow.engines.recipes import parse_recipe
+    from opdflow.core.recipe import parse_recipe
 
     return parse_recipe(recipe).text
 
