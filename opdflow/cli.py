@@ -61,7 +61,7 @@ def validate(
     Checks the config, not the files it names (run checks those when it starts)."""
     import json
 
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     if cluster and cluster_yaml:
         raise click.UsageError("give either --cluster (a described cluster) or --cluster-yaml")
@@ -118,7 +118,7 @@ def run(
     """Run PIPELINE: on-policy distillation on an embedded local Ray cluster or RAY_ADDRESS."""
     import json
 
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     if sinks is not None:

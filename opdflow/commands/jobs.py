@@ -174,7 +174,7 @@ def submit(
     pip: tuple[str, ...],
 ) -> None:
     """Submit PIPELINE (path.py[:function]) as a Ray job; prints the job id."""
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     overrides = overrides + ((f"train.steps={steps}",) if steps is not None else ())
     cfg = load_pipeline(pipeline, list(overrides))  # fail here, not on the cluster
@@ -270,7 +270,7 @@ def stop(job_id: str, address: str | None, token: str | None) -> None:
 def job_entry(pipeline: str, overrides: tuple[str, ...], run_dir: str | None) -> None:
     """What a submitted job runs on the cluster: `opdflow run` plus the summary line."""
     from opdflow.commands.console import run_with_progress
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     summary = run_with_progress(load_pipeline(pipeline, list(overrides)), run_dir)
     print(SUMMARY_MARK + json.dumps(summary, default=str), flush=True)

@@ -84,7 +84,7 @@ def measure(pipeline, num_prompts, responses, seed, overrides, recipes, out) -> 
     from rich.console import Console
 
     from opdflow.analysis.measure import measure_recipes, write_measurements
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     cfg = load_pipeline(pipeline, list(overrides))
     err = Console(stderr=True)
@@ -125,7 +125,7 @@ def attribute(pipeline, num_prompts, responses, seed, overrides, recipe, budget,
     from rich.table import Table
 
     from opdflow.analysis.attribution import attribute as run_attribution
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     cfg = load_pipeline(pipeline, list(overrides))
     err, con = Console(stderr=True), Console(width=max(Console().width, 130))

@@ -225,7 +225,7 @@ def admit(
 
     from opdflow.analysis.admission import decide, drift_report, load_budget
     from opdflow.analysis.measure import measure_recipes
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     _quiet()
     cfg = load_pipeline(pipeline, list(overrides))
@@ -332,7 +332,7 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
 
     from rich.console import Console
 
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.cluster import connect
     from opdflow.runtime.rundir import RunDir, same_config

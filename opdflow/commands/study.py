@@ -109,7 +109,7 @@ def _machine() -> dict:
 
 
 def _config(scale, arm, seed: int, overrides):
-    from opdflow.config import apply_overrides
+    from opdflow.config.overrides import apply_overrides
     from opdflow.testbed.tiny import worked
 
     return apply_overrides(worked(), [*arm.overrides(scale, seed), *overrides])

@@ -67,7 +67,8 @@ def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides:
     import time
     from pathlib import Path
 
-    from opdflow.config import PipelineConfig, load_pipeline
+    from opdflow.config import PipelineConfig
+    from opdflow.config.loader import load_pipeline
 
     values = parse_ks(ks)
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])

@@ -107,7 +107,8 @@ def hidden_from_actors(tmp_path_factory, tiny):
 
 
 def _cfg(checkpoint_dir: Path):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
 
     return apply_overrides(
         PipelineConfig(name="visible"),

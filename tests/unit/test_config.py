@@ -1,6 +1,8 @@
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides, load_pipeline
+from opdflow.config import PipelineConfig
+from opdflow.config.loader import load_pipeline
+from opdflow.config.overrides import apply_overrides
 from opdflow.errors import ConfigError
 
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.core.recipe import parse_recipe
 from opdflow.study.plan import (
     PROBE_FAIL,
