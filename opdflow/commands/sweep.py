@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from opdflow.commands.options import ks_option, pipeline_argument, set_option, steps_option
+
 _COLUMNS = [
     ("run", "run", "{}"),
     ("k_final", "k end", "{}"),
@@ -43,25 +45,13 @@ def parse_ks(text: str) -> list[int | str]:
 
 
 @click.command()
-@click.argument("pipeline")
-@click.option(
-    "--k",
-    "ks",
-    default="0,1,2,4,8",
-    show_default=True,
-    help="Staleness bounds to run; 'adaptive' adds the adaptive policy (k_max = largest k).",
-)
-@click.option("--steps", type=int, default=None, help="Learner steps per run (train.steps).")
+@pipeline_argument
+@ks_option
+@steps_option
 @click.option(
     "--out", type=click.Path(), default=None, help="Directory (default runs/sweep-NAME-TIME)."
 )
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="FIELD=VALUE",
-    help="Override a config field for every run, e.g. --set eval.every=5 (repeatable).",
-)
+@set_option
 def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides: tuple) -> None:
     """Run PIPELINE at each staleness bound k; table and plot of updates/hour vs k."""
     import time
