@@ -50,7 +50,9 @@ def _light() -> StageResources:
 
 
 STAGES = ("generator", "learner", "rescorer", "teacher", "evaluator")
+"""The pipeline's stages, as resources.<stage> and placement groups name them."""
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+"""Ray's placement-group strategies."""
 
 
 @dataclass
