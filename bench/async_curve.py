@@ -26,7 +26,8 @@ from pathlib import Path
 
 
 def config(k: int | str, args: argparse.Namespace, k_max: int):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
 
     policy = ["staleness.policy=adaptive", "staleness.k=0", f"staleness.k_max={k_max}"]
     return apply_overrides(

@@ -52,7 +52,8 @@ def free_cores(seconds: float = 3.0) -> float:
 def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     """Run (or reuse) one sweep; {k: {updates_per_hour, wait_share, staleness, run_dir}}."""
     from opdflow.commands.sweep import run_sweep
-    from opdflow.config import PipelineConfig, load_pipeline
+    from opdflow.config import PipelineConfig
+    from opdflow.config.loader import load_pipeline
     from opdflow.runtime.rundir import read_table
 
     done = root / "measured.json"

@@ -6,7 +6,8 @@ import math
 import os
 from pathlib import Path
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.runtime.rundir import RunDir
 
 

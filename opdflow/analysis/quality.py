@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
 from opdflow.core.stats import Interval, paired_diff_ci
+from opdflow.errors import ConfigError
 
 TAU = 0.20
 """The paper's tolerance: a run fails at >= 20% worse final held-out KL."""

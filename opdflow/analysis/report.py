@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 from opdflow.runtime.profiler import union_seconds
 
 WAIT_BOUND = 0.10

@@ -117,7 +117,7 @@ class StageTimes:
     @classmethod
     def from_run(cls, run_dir: str | Path) -> StageTimes:
         """From RUN_DIR's spans.parquet, metrics.parquet and config.json (warm-up steps left out)."""
-        from opdflow.config import ConfigError
+        from opdflow.errors import ConfigError
         from opdflow.runtime.rundir import read_table
 
         p = Path(run_dir)
@@ -202,7 +202,7 @@ class LengthModel:
 
     @classmethod
     def parse(cls, spec: str, times: StageTimes) -> LengthModel:
-        from opdflow.config import ConfigError
+        from opdflow.errors import ConfigError
 
         parts = spec.strip().split(":")
         if parts[0] == "empirical" and len(parts) == 1:
@@ -276,7 +276,7 @@ class SimConfig:
     seed: int = 0
 
     def validate(self) -> SimConfig:
-        from opdflow.config import ConfigError
+        from opdflow.errors import ConfigError
 
         def bad(name: str, value, allowed: str) -> None:
             raise ConfigError(f"{name}={value!r} is not allowed: expected {allowed}")

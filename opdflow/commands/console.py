@@ -21,7 +21,8 @@ from rich.progress import Progress, ProgressColumn, Task
 from rich.table import Table
 from rich.text import Text
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 def _fmt(x: float, spec: str = ".4f") -> str:

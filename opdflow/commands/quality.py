@@ -9,6 +9,14 @@ import sys
 
 import click
 
+from opdflow.commands.options import (
+    json_option,
+    pipeline_argument,
+    seed_option,
+    set_option,
+    tau_option,
+)
+
 
 def _console(err: bool = False):
     from rich.console import Console
@@ -28,15 +36,6 @@ def _dur(s: float) -> str:
     if s < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.1f} h"
-
-
-_tau = click.option(
-    "--tau",
-    type=float,
-    default=0.20,
-    show_default=True,
-    help="Quality tolerance: a run fails at Delta >= tau (with the interval excluding 0).",
-)
 
 
 # ---------------------------------------------------------------- compare
@@ -73,12 +72,12 @@ def _print_verdict(v) -> None:
 @click.command()
 @click.argument("run_std", type=click.Path())
 @click.argument("run_c", type=click.Path())
-@_tau
+@tau_option
 @click.option(
     "--acc-drop", type=float, default=0.05, show_default=True, help="Accuracy points that count."
 )
 @click.option("--version", type=int, default=None, help="Held-out version (default: the final).")
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON on stdout.")
+@json_option("the verdict")
 def compare(
     run_std: str, run_c: str, tau: float, acc_drop: float, version: int | None, as_json: bool
 ) -> None:
@@ -102,7 +101,7 @@ def compare(
 
 
 def _canonical(recipe: str) -> str:
-    from opdflow.engines.recipes import parse_recipe
+    from opdflow.core.recipe import parse_recipe
 
     return parse_recipe(recipe).text
 
@@ -186,7 +185,7 @@ def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str
 
 
 @click.command()
-@click.argument("pipeline")
+@pipeline_argument
 @click.option("--recipe", "recipes", multiple=True, required=True, help="Candidate (repeatable).")
 @click.option("--budget", "line", type=float, default=None, help="The line L, nats/token.")
 @click.option(
@@ -195,15 +194,15 @@ def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str
 @click.option("--alpha", type=float, default=1.5, show_default=True, help="Safety margin.")
 @click.option("--prompts", type=int, default=16, show_default=True, help="Problems measured.")
 @click.option("--responses", type=int, default=2, show_default=True, help="Responses per problem.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@seed_option
 @click.option(
     "--against",
     type=click.Path(),
     default=None,
     help="A finished run: report its online D vs this estimate (drift).",
 )
-@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
-@click.option("--json", "as_json", is_flag=True, help="Print decisions as JSON on stdout.")
+@set_option
+@json_option("the decisions")
 def admit(
     pipeline: str,
     recipes: tuple[str, ...],
@@ -225,7 +224,7 @@ def admit(
 
     from opdflow.analysis.admission import decide, drift_report, load_budget
     from opdflow.analysis.measure import measure_recipes
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     _quiet()
     cfg = load_pipeline(pipeline, list(overrides))
@@ -332,7 +331,7 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
 
     from rich.console import Console
 
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.cluster import connect
     from opdflow.runtime.rundir import RunDir, same_config
@@ -379,7 +378,7 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
 @click.command()
 @click.argument("runs", nargs=-1)
 @click.option("--std", "std_run", type=click.Path(), default=None, help="The standard (bf16) run.")
-@_tau
+@tau_option
 @click.option("--out", type=click.Path(), default=None, help="Write the budget JSON here.")
 @click.option("--short", "short", is_flag=True, help="RUNS is one PIPELINE: run the short ladder.")
 @click.option(
@@ -401,8 +400,8 @@ def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tu
     default=None,
     help="--short: a budget file from full runs, to report how far the short L is from it.",
 )
-@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
-@click.option("--json", "as_json", is_flag=True, help="Print the budget JSON on stdout.")
+@set_option
+@json_option("the budget")
 def calibrate(
     runs: tuple[str, ...],
     std_run: str | None,
@@ -427,7 +426,7 @@ def calibrate(
         write_budget,
     )
     from opdflow.analysis.quality import load_run
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     c = _console(err=as_json)  # with --json, stdout carries only the JSON
     if short:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import click
 
+from opdflow.commands.options import ks_option
+
 
 def parse_ints(text: str, option: str) -> list[int]:
     """'4,8,16' -> [4, 8, 16] with errors naming the option and the bad item."""
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
@@ -86,9 +88,7 @@ def table(results, title: str):
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--generators", default="1,2,4,8", show_default=True, help="Replica counts G.")
-@click.option(
-    "--k", "ks", default="0,1,2,4,8", show_default=True, help="Staleness bounds; 'adaptive' too."
-)
+@ks_option
 @click.option("--batch", type=int, default=None, help="Prompts per step (default: the run's).")
 @click.option("--response-length-scale", type=float, default=1.0, show_default=True,
               help="Multiply every response length (and its cap).")  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from opdflow.commands.options import set_option, tau_option
 from opdflow.commands.quality import _dur, _quiet
 
 
@@ -30,14 +31,14 @@ def study() -> None:
     default=None,
     help="Study directory (runs/ and results.json); default runs/study-{full,quick}.",
 )
-@click.option("--tau", type=float, default=0.20, show_default=True, help="Quality-rule tolerance.")
+@tau_option
 @click.option(
     "--line",
     type=float,
     default=None,
     help="Admission line L fixed before training (default: the tiny models' calibrated L).",
 )
-@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
+@set_option
 def run_study(
     quick: bool, out: str | None, tau: float, line: float | None, overrides: tuple[str, ...]
 ) -> None:
@@ -109,7 +110,7 @@ def _machine() -> dict:
 
 
 def _config(scale, arm, seed: int, overrides):
-    from opdflow.config import apply_overrides
+    from opdflow.config.overrides import apply_overrides
     from opdflow.testbed.tiny import worked
 
     return apply_overrides(worked(), [*arm.overrides(scale, seed), *overrides])

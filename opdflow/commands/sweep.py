@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from opdflow.commands.options import ks_option, pipeline_argument, set_option, steps_option
+
 _COLUMNS = [
     ("run", "run", "{}"),
     ("k_final", "k end", "{}"),
@@ -24,7 +26,7 @@ _COLUMNS = [
 
 def parse_ks(text: str) -> list[int | str]:
     """'0,1,2,adaptive' -> [0, 1, 2, 'adaptive'] with errors naming the bad item."""
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     out: list[int | str] = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
@@ -43,31 +45,20 @@ def parse_ks(text: str) -> list[int | str]:
 
 
 @click.command()
-@click.argument("pipeline")
-@click.option(
-    "--k",
-    "ks",
-    default="0,1,2,4,8",
-    show_default=True,
-    help="Staleness bounds to run; 'adaptive' adds the adaptive policy (k_max = largest k).",
-)
-@click.option("--steps", type=int, default=None, help="Learner steps per run (train.steps).")
+@pipeline_argument
+@ks_option
+@steps_option
 @click.option(
     "--out", type=click.Path(), default=None, help="Directory (default runs/sweep-NAME-TIME)."
 )
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="FIELD=VALUE",
-    help="Override a config field for every run, e.g. --set eval.every=5 (repeatable).",
-)
+@set_option
 def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides: tuple) -> None:
     """Run PIPELINE at each staleness bound k; table and plot of updates/hour vs k."""
     import time
     from pathlib import Path
 
-    from opdflow.config import PipelineConfig, load_pipeline
+    from opdflow.config import PipelineConfig
+    from opdflow.config.loader import load_pipeline
 
     values = parse_ks(ks)
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])

@@ -124,7 +124,7 @@ class Stages:
             paths.heldout, tok, d.max_prompt_tokens, limit=cfg.eval.prompts, grader=grader
         )
         if len(heldout_set) < cfg.eval.prompts:
-            from opdflow.config import ConfigError
+            from opdflow.errors import ConfigError
 
             raise ConfigError(
                 f"eval.prompts = {cfg.eval.prompts} but {paths.heldout} has only {len(heldout_set)} rows"
@@ -245,7 +245,7 @@ class Stages:
         not shared storage): every rank must read the token the driver writes there."""
         import uuid
 
-        from opdflow.config import ConfigError
+        from opdflow.errors import ConfigError
 
         root, field = self.checkpoint_root, "reliability.checkpoint_dir"
         shown = f"{field} = {self.cfg.reliability.checkpoint_dir!r}" + (

@@ -30,9 +30,10 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
 from opdflow.core.staleness import StepObservation, launch_version, within_bound
 from opdflow.driver.assembly import Stages
+from opdflow.errors import ConfigError
 from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, load_latest
 from opdflow.runtime.restarts import RestartLog, restart_slowdown
 from opdflow.runtime.rundir import RunDir

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from opdflow.config import ConfigError
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest
 from opdflow.engines.recipes import vllm_options
+from opdflow.errors import ConfigError
 
 MAX_LOGDIST_VOCAB = 4096
 """Full log-distributions are returned (as top-V logprobs) only up to this vocabulary."""

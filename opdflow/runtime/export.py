@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
 """Largest safetensors file of an export (5 GiB): a 7B student in 3 BF16 shards."""

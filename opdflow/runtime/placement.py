@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from opdflow.config import STAGES, ConfigError, PipelineConfig, ResourcesConfig, StageResources
+from opdflow.config import STAGES, PipelineConfig, ResourcesConfig, StageResources
+from opdflow.errors import ConfigError
 
 LIGHT_CPU = 0.01
 """A bundle must ask for something: stages that reserve no resources take this much CPU."""

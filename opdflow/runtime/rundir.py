@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 from opdflow.runtime.rundir import RunDir
 
 EXTRA_SINKS = ("tensorboard", "wandb", "mlflow")

@@ -194,7 +194,7 @@ def needs_repeat(verdict: dict[str, Any], tau: float) -> bool:
 
 def canonical(recipe: str) -> str:
     """A recipe's serialised text (noise(4) and noise(sigma=4.0) are one engine)."""
-    from opdflow.engines.recipes import parse_recipe
+    from opdflow.core.recipe import parse_recipe
 
     return parse_recipe(recipe).text
 

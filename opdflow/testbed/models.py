@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 @dataclass(frozen=True)

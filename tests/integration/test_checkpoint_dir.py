@@ -107,7 +107,8 @@ def hidden_from_actors(tmp_path_factory, tiny):
 
 
 def _cfg(checkpoint_dir: Path):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
 
     return apply_overrides(
         PipelineConfig(name="visible"),
@@ -120,8 +121,8 @@ def _cfg(checkpoint_dir: Path):
 
 @pytest.mark.slow
 def test_a_learner_that_cannot_see_the_checkpoint_dir_is_refused(hidden_from_actors, tmp_path):
-    from opdflow.config import ConfigError
     from opdflow.driver.controller import run_pipeline
+    from opdflow.errors import ConfigError
     from opdflow.runtime.rundir import RunDir
 
     blind = _cfg(hidden_from_actors / "checkpoints")

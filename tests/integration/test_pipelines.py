@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opdflow.config import load_pipeline, pipeline_functions
+from opdflow.config.loader import load_pipeline, pipeline_functions
 
 PIPELINES = sorted(Path(__file__).resolve().parents[2].joinpath("pipelines").glob("*.py"))
 SPECS = [f"{p}:{name}" for p in PIPELINES for name in pipeline_functions(p)]

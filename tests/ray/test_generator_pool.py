@@ -175,7 +175,8 @@ def test_pipeline_adds_the_replica_its_scheduler_asks_for_and_trains_every_step_
     k_max = 0 must ask for a generator replica. The pool's own queued-work growth is tested
     above without a learner, because whether one generator keeps up with the learner depends
     on the machine."""
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.rundir import RunDir, read_table
 

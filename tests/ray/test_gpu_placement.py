@@ -13,7 +13,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util import placement_group, placement_group_table, remove_placement_group
 
-from opdflow.config import load_pipeline
+from opdflow.config.loader import load_pipeline
 from opdflow.runtime.placement import Placement, bundle, fit, grouped_actors, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"

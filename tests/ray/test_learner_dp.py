@@ -14,7 +14,8 @@ import torch
 from batches import sampled_batch
 
 from opdflow.compute.scoring import token_logprobs
-from opdflow.config import PipelineConfig, TrainConfig, apply_overrides
+from opdflow.config import PipelineConfig, TrainConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, read_state
 from opdflow.runtime.rundir import RunDir, read_table

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.profiler import STAGES
 from opdflow.runtime.rundir import RunDir, read_table

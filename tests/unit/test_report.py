@@ -18,7 +18,7 @@ from opdflow.analysis.report import (
     version_times,
     write_report,
 )
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 from opdflow.runtime.profiler import union_seconds
 
 

@@ -13,9 +13,9 @@ from opdflow.analysis.simulator import (
     simulate,
     smallest_saturated,
 )
-from opdflow.config import ConfigError
 from opdflow.core.adaptive import AdaptiveStaleness
 from opdflow.core.staleness import FixedStaleness, within_bound
+from opdflow.errors import ConfigError
 
 
 def _period(result, n: int = 10) -> float:

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.engines.recipes import parse_recipe
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
+from opdflow.core.recipe import parse_recipe
 from opdflow.study.plan import (
     PROBE_FAIL,
     PROBE_PASS,

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from opdflow.analysis.throughput import kl_at_time, kl_curve, knee, plot_sweep, sweep_rows
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 
 def test_knee_is_the_smallest_k_within_five_percent_of_the_best():

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from opdflow.config import ConfigError
 from opdflow.engines.vllm_engine import cpu_thread_binding, runtime_options
+from opdflow.errors import ConfigError
 
 
 def test_gpu_gets_cuda_graphs_and_prefix_caching_cpu_runs_eager():
