@@ -5,14 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from opdflow.analysis.simulator import (
-    LengthModel,
-    SimConfig,
-    StageTimes,
-    grid,
-    simulate,
-    smallest_saturated,
-)
+from opdflow.analysis.lengths import LengthModel
+from opdflow.analysis.simulator import SimConfig, grid, simulate, smallest_saturated
+from opdflow.analysis.stage_times import StageTimes
 from opdflow.core.adaptive import AdaptiveStaleness
 from opdflow.core.staleness import FixedStaleness, within_bound
 from opdflow.errors import ConfigError

@@ -45,7 +45,10 @@ def test_a_version_never_released_breaks_the_bound():
     import pytest
 
     from opdflow.config import StalenessConfig
-    from opdflow.runtime.weights import live_bound
+    from opdflow.core.policy import make_policy
+
+    def live_bound(cfg: StalenessConfig) -> int:
+        return make_policy(cfg).live_versions
 
     assert live_bound(StalenessConfig(k=2)) == 4
     assert live_bound(StalenessConfig(policy="adaptive", k=0, k_max=8)) == 10
