@@ -16,7 +16,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from opdflow.config import StalenessConfig
 from opdflow.core.policy import KToken, k_label, token_of
+from opdflow.core.staleness import StepObservation
 from opdflow.errors import ConfigError
 
 
@@ -84,6 +86,11 @@ class Run:
         return self.config.get("staleness", {}).get("k")
 
     @property
+    def staleness(self) -> StalenessConfig:
+        """The run's staleness settings (make_policy turns them into a fresh policy)."""
+        return StalenessConfig(**self.config.get("staleness", {}))
+
+    @property
     def k_token(self) -> KToken | None:
         """The run's staleness as a sweep token: its fixed k, or "adaptive"."""
         s = self.config.get("staleness", {})
@@ -94,6 +101,20 @@ class Run:
         """How plots name the run: directory, staleness and recipe."""
         staleness = "k=?" if self.k_token is None else k_label(self.k_token)
         return f"{self.name} ({staleness}, {self.recipe})"
+
+    def observations(self) -> list[StepObservation]:
+        """What each learner step reported to the staleness policy, from its metrics row
+        (core/launch.py's `replay` checks a run against the launch rule with them)."""
+        return [
+            StepObservation(
+                int(r["step"]),
+                r["trainer_wait_s"],
+                r["step_s"],
+                r["d_stale_k1"],
+                int(r["staleness"]),
+            )
+            for r in self.metrics
+        ]
 
     # ------------------------------------------------------------------ held-out rows
 
