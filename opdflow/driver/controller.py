@@ -220,9 +220,7 @@ def run_pipeline(
                                       "lower train.lr or check the models")  # fmt: skip
                 launch_ready()
                 st.release_weights(min([p.version for p in pending.values()] + [store.latest]))
-                store.check_bound(
-                    policy.live_versions
-                )  # a leaked version would fill the object store
+                store.check_bound(policy.live_versions)  # a leaked version would fill memory
                 if evaluated(step + 1):
                     st.evaluate(step + 1)
                 row = {

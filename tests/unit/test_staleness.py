@@ -58,6 +58,7 @@ def test_the_policy_a_config_names_answers_k_k_max_and_live_versions():
     assert type(adaptive) is AdaptiveStaleness
     assert (adaptive.k, adaptive.k_max, adaptive.live_versions) == (1, 8, 10)
     assert adaptive.budget == 0.1
+    assert make_policy(StalenessConfig(policy="adaptive", k=0, k_max=8)).live_versions == 10
 
 
 def test_a_sweep_token_sets_the_config_it_stands_for():
