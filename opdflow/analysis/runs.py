@@ -20,6 +20,7 @@ from opdflow.config import StalenessConfig
 from opdflow.core.policy import KToken, k_label, token_of
 from opdflow.core.staleness import StepObservation
 from opdflow.errors import ConfigError
+from opdflow.runtime.rundir import read_table
 
 
 class Run:
@@ -32,8 +33,6 @@ class Run:
         return f"Run({str(self.path)!r})"
 
     def _table(self, name: str) -> list[dict[str, Any]]:
-        from opdflow.runtime.rundir import read_table
-
         f = self.path / name
         return read_table(f) if f.is_file() else []
 
