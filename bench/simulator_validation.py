@@ -54,6 +54,7 @@ def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     from opdflow.commands.sweep import run_sweep
     from opdflow.config import PipelineConfig
     from opdflow.config.loader import load_pipeline
+    from opdflow.core.policy import settings_for
     from opdflow.runtime.rundir import read_table
 
     done = root / "measured.json"
@@ -67,7 +68,7 @@ def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     cfgs = []
     for k in ks:
         cfg = PipelineConfig.from_dict(base.to_dict())
-        cfg.staleness.policy, cfg.staleness.k = "fixed", k
+        cfg.staleness = settings_for(k, cfg.staleness, cfg.staleness.k_max)
         cfg.name = f"simval-g{generators}-k{k}"
         cfgs.append((k, cfg.validate()))
     rows = run_sweep(cfgs, root)
@@ -95,7 +96,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from opdflow.analysis.simulator import SimConfig, StageTimes, simulate_mean
+    from opdflow.analysis.simulator import SimConfig, simulate_mean
+    from opdflow.analysis.stage_times import StageTimes
 
     root = Path(args.out)
     measured: dict[tuple[int, int], list[dict]] = {c: [] for c in CONFIGS}

@@ -38,13 +38,14 @@ def plot(results, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     from opdflow.analysis.simulator import SATURATED_WAIT_SHARE
+    from opdflow.core.policy import k_label
 
     ks = list(dict.fromkeys(r.config.k for r in results))
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for k in ks:
         rs = sorted((r for r in results if r.config.k == k), key=lambda r: r.config.generators)
         g = [r.config.generators for r in rs]
-        label = "adaptive" if k == "adaptive" else f"k={k}"
+        label = k_label(k)
         (line,) = ax[0].plot(g, [r.updates_per_hour for r in rs], "o-", label=label)
         ax[1].plot(g, [r.trainer_wait_share for r in rs], "o-", c=line.get_color(), label=label)
         sat = [r for r in rs if r.trainer_wait_share <= SATURATED_WAIT_SHARE]
@@ -128,11 +129,11 @@ def simulate(
     from opdflow.analysis.simulator import (
         SATURATED_WAIT_SHARE,
         SimConfig,
-        StageTimes,
         grid,
         smallest_saturated,
     )
-    from opdflow.commands.sweep import parse_ks
+    from opdflow.analysis.stage_times import StageTimes
+    from opdflow.core.policy import parse_ks
 
     gs, kv = parse_ints(generators, "--generators"), parse_ks(ks)
     times = StageTimes.from_run(run_dir)

@@ -24,26 +24,6 @@ _COLUMNS = [
 ]
 
 
-def parse_ks(text: str) -> list[int | str]:
-    """'0,1,2,adaptive' -> [0, 1, 2, 'adaptive'] with errors naming the bad item."""
-    from opdflow.errors import ConfigError
-
-    out: list[int | str] = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        if item in ("adaptive", "a"):
-            out.append("adaptive")
-        elif item.isdigit():
-            out.append(int(item))
-        else:
-            raise ConfigError(
-                f"--k item {item!r} is not allowed: expected integers >= 0 or 'adaptive', "
-                "e.g. --k 0,1,2,4,8,adaptive"
-            )
-    if not out:
-        raise ConfigError("--k is empty: give staleness bounds, e.g. --k 0,1,2,4,8")
-    return out
-
-
 @click.command()
 @pipeline_argument
 @ks_option
@@ -59,21 +39,18 @@ def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides:
 
     from opdflow.config import PipelineConfig
     from opdflow.config.loader import load_pipeline
+    from opdflow.core.policy import k_label, parse_ks, settings_for, sweep_k_max
 
     values = parse_ks(ks)
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_pipeline(pipeline, extra)
     root = Path(out or Path("runs") / f"sweep-{base.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    fixed = [k for k in values if k != "adaptive"]
+    k_max = sweep_k_max(values, base.staleness.k_max)
     cfgs = []
     for k in values:
         cfg = PipelineConfig.from_dict(base.to_dict())
-        if k == "adaptive":
-            cfg.staleness.policy, cfg.staleness.k = "adaptive", 0
-            cfg.staleness.k_max = max(fixed, default=cfg.staleness.k_max)
-        else:
-            cfg.staleness.policy, cfg.staleness.k = "fixed", k
-        cfg.name = f"{base.name}-{k if k == 'adaptive' else f'k{k}'}"
+        cfg.staleness = settings_for(k, cfg.staleness, k_max)
+        cfg.name = f"{base.name}-{k_label(k).replace('=', '')}"
         cfgs.append((k, cfg.validate()))
     rows = run_sweep(cfgs, root)
     print_table(rows)
@@ -86,10 +63,12 @@ def run_sweep(cfgs: list, root) -> list[dict]:
     import pyarrow.parquet as pq
     import ray
 
+    from opdflow.analysis.runs import Run
     from opdflow.analysis.throughput import plot_sweep, sweep_rows
+    from opdflow.core.policy import k_label
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir, read_table
+    from opdflow.runtime.rundir import RunDir
 
     root.mkdir(parents=True, exist_ok=True)
     r = cfgs[0][1].resources
@@ -102,20 +81,11 @@ def run_sweep(cfgs: list, root) -> list[dict]:
     runs = []
     try:
         for k, cfg in cfgs:
-            label = "adaptive" if k == "adaptive" else f"k={k}"
+            label = k_label(k)
             click.echo(f"sweep: {label} ({cfg.train.steps} steps)", err=True)
             run = RunDir.create(cfg, root / label.replace("=", ""))
-            summary = run_pipeline(cfg, run)
-            runs.append(
-                {
-                    "label": label,
-                    "policy": cfg.staleness.policy,
-                    "summary_k": -1 if k == "adaptive" else k,
-                    "summary": summary,
-                    "metrics": run.metrics,
-                    "heldout": read_table(run.path / "heldout.parquet"),
-                }
-            )
+            run_pipeline(cfg, run)
+            runs.append(Run(run.path))
     finally:
         if started:
             ray.shutdown()

@@ -15,7 +15,8 @@ import ray
 from ray.exceptions import RayError
 
 from opdflow.config import PipelineConfig, StageResources
-from opdflow.core.staleness import FixedStaleness, StalenessPolicy
+from opdflow.core.policy import make_policy
+from opdflow.core.staleness import StalenessPolicy
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.runtime import checkpoint
 from opdflow.runtime.checkpoint import Checkpoint
@@ -28,14 +29,6 @@ from opdflow.runtime.weights import WeightStore
 from opdflow.stages import actor_options
 from opdflow.testbed.data import PromptSampler, PromptSet, load_prompts
 from opdflow.testbed.models import ResolvedModels, resolve_models
-
-
-def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
-    if cfg.staleness.policy == "adaptive":
-        from opdflow.core.adaptive import AdaptiveStaleness
-
-        return AdaptiveStaleness.from_config(cfg.staleness)
-    return FixedStaleness(cfg.staleness.k)
 
 
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
@@ -225,7 +218,7 @@ class Stages:
             heldout_set=heldout_set,
             sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
-            policy=make_policy(cfg),
+            policy=make_policy(cfg.staleness),
             transport=weights_transport(cfg),
             started_ray=started,
             placement=placement,

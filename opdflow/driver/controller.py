@@ -13,7 +13,8 @@ Generation for step s is launched as soon as version s - k exists, with the fres
 version; batches flow stage to stage as ObjectRefs without touching the driver. The
 driver waits only for the batch of the step it trains next: that wait is trainer wait.
 A batch whose version broke the bound (k lowered after launch) is dropped and
-regenerated, and counted. Dead stage actors are restarted by Ray and their work re-run,
+regenerated, and counted. That rule is core/launch.py's `Launches`, which the simulator
+drives too. Dead stage actors are restarted by Ray and their work re-run,
 each restart recorded (restarts.py); a stuck one is killed after a deadline
 (supervisor.py). Checkpoints every N steps and on SIGINT/SIGTERM make a run resumable; a
 finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`.
@@ -31,7 +32,8 @@ import ray
 from ray.exceptions import RayError
 
 from opdflow.config import PipelineConfig
-from opdflow.core.staleness import StepObservation, launch_version, within_bound
+from opdflow.core.launch import Launches
+from opdflow.core.staleness import StepObservation
 from opdflow.driver.assembly import Stages
 from opdflow.errors import ConfigError
 from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, load_latest
@@ -46,7 +48,6 @@ from opdflow.runtime.supervisor import (
     stop_on_signals,
 )
 from opdflow.runtime.trackers import open_trackers
-from opdflow.runtime.weights import live_bound
 
 
 @dataclass
@@ -143,13 +144,11 @@ def run_pipeline(
         st = Stages.start(cfg, root, log=lambda m: run.event("log", message=m))
         on_start(st)
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
-        max_live = live_bound(cfg.staleness)
         first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
-        dropped, next_launch = (resume.state["dropped"] if resume else 0), first
+        gate = Launches(policy, steps, first, resume.state["dropped"] if resume else 0)
 
-        def launch(step: int, attempt: int = 0) -> None:
-            v = store.latest
+        def launch(step: int, v: int, attempt: int = 0) -> None:
             gen = st.pool.submit(st.requests(step, attempt, v), store.get(v), step)
             refs = [link.ref for link in gen]
             rescored = st.rescorer.rescore.remote(v, [store.get(v)], *refs, step=step)
@@ -162,13 +161,8 @@ def run_pipeline(
             pending[step] = Pending(v, links, attempt)
 
         def launch_ready() -> None:
-            nonlocal next_launch
-            while (
-                next_launch < steps
-                and launch_version(next_launch, policy.k, store.latest) is not None
-            ):
-                launch(next_launch)
-                next_launch += 1
+            for step, v in gate.due(store.latest):
+                launch(step, v)
 
         run.event("weights", **st.transport_event())
         if first == 0:
@@ -202,11 +196,10 @@ def run_pipeline(
                 while True:  # trainer wait: until this step's batch is scored and within the bound
                     job = pending.pop(step)
                     wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout)
-                    if within_bound(step, job.version, policy.k):
+                    if gate.admit(step, job.version):
                         break
-                    dropped += 1
                     run.event("dropped", step=step, version=job.version, k=policy.k)
-                    launch(step, job.attempt + 1)
+                    launch(step, store.latest, job.attempt + 1)
                 try:
                     out = ray.get(st.learner.train_step.remote(step, job.ref))
                 except RayError as exc:
@@ -227,13 +220,13 @@ def run_pipeline(
                                       "lower train.lr or check the models")  # fmt: skip
                 launch_ready()
                 st.release_weights(min([p.version for p in pending.values()] + [store.latest]))
-                store.check_bound(max_live)  # a leaked version would fill the object store
+                store.check_bound(policy.live_versions)  # a leaked version would fill memory
                 if evaluated(step + 1):
                     st.evaluate(step + 1)
                 row = {
                     "step": step, "version": job.version, "staleness": staleness, "k": policy.k,
                     **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
-                    "dropped": dropped, "time_s": elapsed, "queue_depth": len(pending),
+                    "dropped": gate.dropped, "time_s": elapsed, "queue_depth": len(pending),
                     "live_weight_versions": len(store.live_versions()),
                     "weight_bytes_live": st.weight_bytes_live(),
                     "generator_replicas": st.pool.status()["ready"],
@@ -242,16 +235,16 @@ def run_pipeline(
                 rows.push(row, st.collect_evals(run, wait=False))
                 if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
                     rows.push(None, st.collect_evals(run, wait=True))
-                    st.checkpoint(run, step + 1, {"dropped": dropped})
+                    st.checkpoint(run, step + 1, {"dropped": gate.dropped})
                     if stop.requested:
                         raise StopRequested(f"stopped after step {step} (checkpoint written); "
                                             f"resume with --resume {run.path}")  # fmt: skip
         rows.push(None, st.collect_evals(run, wait=True))
         record_restarts(steps - 1)  # after the last row: in events and the summary only
         prof.finish(run)
-        st.checkpoint(run, steps, {"dropped": dropped})
+        st.checkpoint(run, steps, {"dropped": gate.dropped})
         st.export_final(run, steps)
-        summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
+        summary = summarize(run, ray.get(st.learner.record.remote()), gate.dropped)
         run.write_json("summary.json", summary)
         return summary
     finally:

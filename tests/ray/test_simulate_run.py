@@ -5,7 +5,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from opdflow.analysis.simulator import SimConfig, StageTimes, simulate
+from opdflow.analysis.simulator import SimConfig, simulate
+from opdflow.analysis.stage_times import StageTimes
 from opdflow.runtime.rundir import read_table
 
 
