@@ -1,7 +1,7 @@
 """Testbed and inputs: the models, tokenizer and data a run reads.
 
 The tiny worked-solutions task and the tiny student and teacher models that opdflow builds
-and caches itself (zoo.py, task.py, tokenizer.py, tiny.py), and the loaders that read real
+and caches itself (zoo.py, training.py, task.py, tokenizer.py, tiny.py), and the loaders that read real
 checkpoints and parquet prompt files from local paths with the same code (models.py,
 data.py, grader.py). Nothing here downloads anything.
 
