@@ -153,7 +153,7 @@ def run_with_progress(
     check_checkpoints(cfg)  # bad input is refused before a run directory, a sink or Ray exists
     check_trackers(cfg)
     if cfg.engine.kind == "vllm":
-        from opdflow.engines.vllm_engine import check_vllm_version, installed_vllm
+        from opdflow.engines.vllm_version import check_vllm_version, installed_vllm
 
         check_vllm_version(installed_vllm())
     console = Console(stderr=True)

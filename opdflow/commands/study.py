@@ -47,7 +47,9 @@ def run_study(
     from rich.console import Console
 
     from opdflow.runtime.cluster import connect
-    from opdflow.study.plan import ADMISSION_LINE, StudyResults, bracket_of, claims, plan
+    from opdflow.study.claims import claims
+    from opdflow.study.plan import ADMISSION_LINE, plan
+    from opdflow.study.results import StudyResults, bracket_of
 
     _quiet()
     err = Console(stderr=True)
@@ -86,7 +88,7 @@ def run_study(
 def render_study(results: str, docs: str) -> None:
     """Write DOCS/STUDY.md and DOCS/study/*.png from a results.json."""
     from opdflow.study.doc import render
-    from opdflow.study.plan import StudyResults
+    from opdflow.study.results import StudyResults
 
     res = StudyResults.from_dict(json.loads(Path(results).read_text()))
     path = render(res, Path(docs), source=results)
@@ -168,7 +170,7 @@ def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
 
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.rundir import RunDir, same_config
-    from opdflow.study.plan import run_result
+    from opdflow.study.results import run_result
 
     cfg = _config(scale, arm, seed, overrides)
     path = root / "runs" / f"{arm.slug}-seed{seed}"
@@ -209,7 +211,8 @@ def _judge_all(res, tau: float) -> None:
     """Judge every run not judged yet: OPD runs against the standard run of their seed and
     learning rate; RL runs against the bf16 run of their objective (same loss, centering,
     seed and learning rate)."""
-    from opdflow.study.plan import STANDARD, judge, rl_breaks
+    from opdflow.study.plan import STANDARD
+    from opdflow.study.results import judge, rl_breaks
 
     def base_of(r):
         center = r.center and r.loss != "opd"  # OPD + centering is judged by the standard
@@ -231,7 +234,7 @@ def _judge_all(res, tau: float) -> None:
 def _outcomes(admission: list[dict], res) -> list[dict]:
     """Each admission decision next to the full-run verdict of its engine (k = 0, OPD)."""
     from opdflow.analysis.admission import admits
-    from opdflow.study.plan import arm_verdict, canonical
+    from opdflow.study.results import arm_verdict, canonical
 
     for a in admission:
         rs = [

@@ -9,18 +9,9 @@ import pytest
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.core.recipe import parse_recipe
-from opdflow.study.plan import (
-    PROBE_FAIL,
-    PROBE_PASS,
-    Claim,
-    RunResult,
-    StudyResults,
-    arm_verdict,
-    claims,
-    needs_repeat,
-    plan,
-    rl_breaks,
-)
+from opdflow.study.claims import claims
+from opdflow.study.plan import PROBE_FAIL, PROBE_PASS, needs_repeat, plan
+from opdflow.study.results import Claim, RunResult, StudyResults, arm_verdict, rl_breaks
 from opdflow.testbed.tiny import worked
 
 
@@ -170,7 +161,7 @@ def test_claims_from_hand_made_results():
         ),
     ]
     res = StudyResults(scale={}, tau=0.2, runs=runs, gradient=grad)
-    from opdflow.study.plan import bracket_of
+    from opdflow.study.results import bracket_of
 
     res.bracket = bracket_of(runs)
     assert res.bracket["largest_pass"] == 0.5 and res.bracket["smallest_fail"] == 2.0
@@ -207,7 +198,7 @@ def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
 
 
 def test_each_run_is_judged_against_the_standard_of_its_own_learning_rate(monkeypatch):
-    import opdflow.study.plan as study
+    import opdflow.study.results as study
     from opdflow.commands.study import _judge_all
 
     runs = [

@@ -317,7 +317,7 @@ def test_fp8_kv_d_agrees_between_the_torch_emulation_and_vllm(
     from opdflow.core.recipe import parse_recipe
     from opdflow.engines.kvcache import make_cache
     from opdflow.engines.torch_engine import TorchEngine
-    from opdflow.engines.vllm_engine import engine_options
+    from opdflow.engines.vllm_settings import engine_options
 
     assert engine_options("fp8_kv", 3) == {"kv_cache_dtype": "fp8"}
     assert engine_options("fp8_kv(scale=unit)", 3) == {"kv_cache_dtype": "fp8"}
@@ -430,7 +430,7 @@ def test_cpu_fp8_kv_write_rounds_toward_zero():
     ],
 )
 def test_recipe_names_map_to_vllm_options(recipe, expected):
-    from opdflow.engines.vllm_engine import engine_options
+    from opdflow.engines.vllm_settings import engine_options
 
     assert engine_options(recipe, 3) == expected
 
@@ -439,7 +439,7 @@ def test_recipe_names_map_to_vllm_options(recipe, expected):
     "recipe", ["noise(0.1)", "fp9", "fp8_kv(keys=1)", "fp8_kv(keys_only=true)", "nvfp4"]
 )
 def test_unsupported_recipes_are_refused_by_name(recipe):
-    from opdflow.engines.vllm_engine import engine_options
+    from opdflow.engines.vllm_settings import engine_options
     from opdflow.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"recipe"):
