@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.stages.generator import GeneratorPool, GeneratorWorker
