@@ -39,23 +39,23 @@ def test_pipeline_loads_and_validates(spec):
 def assert_run_shows(cfg, summary: dict, path: Path) -> None:
     """What every finished run shows, whatever its pipeline, engine or size: each step
     trained once, on a batch within the staleness bound; finite loss and mismatch; no more
-    live weight versions than the bound allows (k + 2); exact held-out KL (never negative)
-    on the same prompts at version 0 and at the end. Not that KL falls: three steps of a
+    live weight versions than the policy's bound; exact held-out KL (never negative) on the
+    same prompts at version 0 and at the end. Not that KL falls: three steps of a
     pipeline's own learning rate need not move it."""
+    from opdflow.core.policy import make_policy
     from opdflow.runtime.rundir import read_table
 
-    steps, st = cfg.train.steps, cfg.staleness
-    k = st.k_max if st.policy == "adaptive" else st.k
+    steps, policy = cfg.train.steps, make_policy(cfg.staleness)
     rows = read_table(path / "metrics.parquet")
     assert [r["step"] for r in rows] == list(range(steps)) and summary["steps"] == steps
     assert [tuple(x) for x in summary["trained_steps_record"]] == [
         (r["step"], r["version"]) for r in rows
     ]
     for r in rows:
-        assert 0 <= r["staleness"] == r["step"] - r["version"] <= k, r
+        assert 0 <= r["staleness"] == r["step"] - r["version"] <= policy.k_max, r
         assert not r["skipped"] and math.isfinite(r["loss"]), r
         assert all(math.isfinite(r[d]) for d in ("d_engine_k1", "d_stale_k1", "d_total_k1")), r
-        assert 1 <= r["live_weight_versions"] <= k + 2, r
+        assert 1 <= r["live_weight_versions"] <= policy.live_versions, r
     held = read_table(path / "heldout.parquet")
     by_version: dict[int, set[int]] = {}
     for h in held:
