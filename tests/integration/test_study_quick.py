@@ -15,7 +15,8 @@ import math
 from click.testing import CliRunner
 
 from opdflow.cli import main
-from opdflow.study.plan import COLLAPSE, PROBE_FAIL, PROBE_PASS, RL_ACC_DROP
+from opdflow.study.plan import PROBE_FAIL, PROBE_PASS
+from opdflow.study.results import COLLAPSE, RL_ACC_DROP
 
 
 def test_quick_study_runs_renders_and_shows_the_claims_that_hold_at_its_size(tmp_path):
