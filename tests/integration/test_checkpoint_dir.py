@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from processes import stop_group
+from support.processes import stop_group
 
 from opdflow.runtime.cluster import LOOPBACK_ENV, connect
 
@@ -52,7 +52,7 @@ def hidden_from_actors(tmp_path_factory, tiny):
     if not _can_unshare():
         pytest.skip("needs mount namespaces (`unshare -m`) to give the cluster its own view")
     import ray
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     if ray.is_initialized():
         ray.shutdown()  # this module's driver joins its own cluster

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from processes import stop_group
+from support.processes import stop_group
 
 from opdflow.cli import main
 from opdflow.runtime.cluster import LOOPBACK_ENV
@@ -103,8 +103,8 @@ def ray_head(head):
 
 
 def test_the_unauthenticated_test_cluster_is_loopback_only(head):
-    from sockets import is_loopback, sockets
-    from waiting import wait_until
+    from support.sockets import is_loopback, sockets
+    from support.waiting import wait_until
 
     # the dashboard answers before the raylet listens: wait for both servers to show
     seen = {}

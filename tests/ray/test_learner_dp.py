@@ -11,7 +11,7 @@ import math
 import pytest
 import ray
 import torch
-from batches import sampled_batch
+from support.batches import sampled_batch
 
 from opdflow.compute.scoring import token_logprobs
 from opdflow.config import PipelineConfig, TrainConfig

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sockets import is_loopback
+from support.sockets import is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -26,7 +26,7 @@ import json, os, sys
 sys.path.insert(0, {tests!r})
 import ray
 from opdflow.runtime.cluster import connect
-from sockets import sockets
+from support.sockets import sockets
 
 assert connect(1), "expected to start a local cluster"
 nodes = [n["NodeManagerAddress"] for n in ray.nodes()]

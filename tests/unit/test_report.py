@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from report_runs import make_run, make_sweep
+from support.report_runs import make_run, make_sweep
 
 from opdflow.analysis.bottleneck import bottleneck, busy_shares, run_shares
 from opdflow.analysis.curves import accuracy_curve, heldout_curve, version_times
