@@ -112,7 +112,7 @@ def export_checkpoint(
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
 
-    from opdflow.runtime.checkpoint import _single_process_quiet
+    from opdflow.runtime.checkpoint import single_process_quiet
     from opdflow.testbed.tokenizer import load_tokenizer
 
     out = Path(out)
@@ -153,7 +153,7 @@ def export_checkpoint(
                 PREFIX + k: torch.empty(tuple(items[k].size), dtype=items[k].properties.dtype)
                 for k in part
             }
-            with _single_process_quiet():
+            with single_process_quiet():
                 dcp.load(flat, checkpoint_id=str(ckpt_dir), no_dist=True)
             for k in part:
                 t = flat.pop(PREFIX + k)
