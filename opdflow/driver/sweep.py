@@ -1,0 +1,51 @@
+"""A staleness sweep: one pipeline at several bounds k (`opdflow sweep`, the simulator's
+validation bench), trained in one Session, tabulated and plotted.
+
+Writes ROOT/k<k>/ (a normal run directory per k; ROOT/adaptive for the adaptive policy),
+ROOT/sweep.parquet (the table) and ROOT/sweep.png (the curves). The table's columns and
+the knee rule are analysis/throughput.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opdflow.config import PipelineConfig
+from opdflow.driver.session import Session, Unwatched, Watch
+from opdflow.runtime.placement import cpu_need
+
+
+def run_sweep(
+    cfgs: list[tuple[int | str, PipelineConfig]], root: Path, watch: Watch | None = None
+) -> list[dict]:
+    """Train every (k, config) in one Session (a local cluster sized for the largest);
+    write and return the table rows. k is an integer bound or "adaptive"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from opdflow.analysis.throughput import plot_sweep, sweep_rows
+    from opdflow.runtime.rundir import read_table
+
+    watch = watch or Unwatched()
+    root.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with Session(max(cpu_need(cfg) for _, cfg in cfgs)) as session:
+        for k, cfg in cfgs:
+            label = "adaptive" if k == "adaptive" else f"k={k}"
+            with watch.running(f"sweep {label}", cfg) as on_step:
+                outcome = session.run(cfg, root / label.replace("=", ""), on_step=on_step)
+            watch.done(f"sweep {label}", outcome)
+            runs.append(
+                {
+                    "label": label,
+                    "policy": cfg.staleness.policy,
+                    "summary_k": -1 if k == "adaptive" else k,
+                    "summary": outcome.summary,
+                    "metrics": outcome.run.metrics,
+                    "heldout": read_table(outcome.run.path / "heldout.parquet"),
+                }
+            )
+    rows = sweep_rows(runs)
+    pq.write_table(pa.Table.from_pylist(rows), root / "sweep.parquet")
+    plot_sweep(rows, root / "sweep.png")
+    return rows
