@@ -132,11 +132,11 @@ class RunLines:
             yield lambda row: status.update(f"{text}: step {row['step'] + 1}/{steps}")
 
     def done(self, label: str, outcome: Outcome) -> None:
-        path = outcome.run.path
+        path, steps = outcome.run.path, outcome.summary["steps"]
         if outcome.reused:
             line = f"{label}: reusing the finished run {path}"
         else:
-            line = f"{label}: {outcome.summary['steps']} steps in {duration(outcome.seconds)} -> {path}"
+            line = f"{label}: {steps} steps in {duration(outcome.seconds)} -> {path}"
         self.console.print(escape(line))
 
 
