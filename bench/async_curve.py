@@ -86,41 +86,39 @@ def main() -> None:
     if 0 not in ks:
         ks = [0, *ks]
 
-    import ray
+    from opdflow.driver.session import Session
 
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir
-
-    connect(3)
     root = Path(tempfile.mkdtemp(prefix="async_curve-"))
     names: list[int | str] = [*ks, *([] if args.no_adaptive else [ADAPTIVE])]
     runs: dict[int | str, list[dict]] = {k: [] for k in names}
-    for rep in range(args.repeats):
-        # rotate the order each repeat so slow drift of a shared machine hits every k alike
-        for k in names[rep % len(names) :] + names[: rep % len(names)]:
-            cfg = config(k, args, sweep_k_max(ks, 0))
-            run = RunDir.create(cfg, root / f"{k}-{rep}")
-            s = run_pipeline(cfg, run)
-            g, t = stage_times(run.path, args.warmup)
-            tail = run.metrics[-10:]
-            runs[k].append(
-                {
-                    "uph": s["updates_per_hour"],
-                    "wait": s["trainer_wait_share"],
-                    "g": g,
-                    "t": t,
-                    "k_final": run.metrics[-1]["k"],
-                    "period": statistics.median(r["step_s"] for r in run.metrics[args.warmup :]),
-                    "wait_tail": sum(r["trainer_wait_s"] for r in tail)
-                    / sum(r["step_s"] for r in tail),
-                }
-            )
-            print(
-                f"ran {k} (repeat {rep}): {s['updates_per_hour']:.0f} updates/h, "
-                f"wait {s['trainer_wait_share']:.1%}, g {g * 1e3:.0f} ms, t {t * 1e3:.0f} ms",
-                flush=True,
-            )
+    with Session(need_cpus=3) as session:
+        for rep in range(args.repeats):
+            # rotate the order each repeat so slow drift of a shared machine hits every k alike
+            for k in names[rep % len(names) :] + names[: rep % len(names)]:
+                cfg = config(k, args, sweep_k_max(ks, 0))
+                done = session.run(cfg, root / f"{k}-{rep}")
+                s, run = done.summary, done.run
+                g, t = stage_times(run.path, args.warmup)
+                tail = run.metrics[-10:]
+                runs[k].append(
+                    {
+                        "uph": s["updates_per_hour"],
+                        "wait": s["trainer_wait_share"],
+                        "g": g,
+                        "t": t,
+                        "k_final": run.metrics[-1]["k"],
+                        "period": statistics.median(
+                            r["step_s"] for r in run.metrics[args.warmup :]
+                        ),
+                        "wait_tail": sum(r["trainer_wait_s"] for r in tail)
+                        / sum(r["step_s"] for r in tail),
+                    }
+                )
+                print(
+                    f"ran {k} (repeat {rep}): {s['updates_per_hour']:.0f} updates/h, "
+                    f"wait {s['trainer_wait_share']:.1%}, g {g * 1e3:.0f} ms, t {t * 1e3:.0f} ms",
+                    flush=True,
+                )
     # medians over repeats (the adaptive run's chosen k: its most common final k)
     res = {
         k: {
@@ -129,7 +127,6 @@ def main() -> None:
         }
         for k, rs in runs.items()
     }
-    ray.shutdown()
 
     g0, t0 = res[0]["g"], res[0]["t"]
     ceiling = (g0 + t0) / max(g0, t0)

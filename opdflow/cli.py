@@ -10,10 +10,11 @@ import sys
 import click
 
 from opdflow import __version__
+from opdflow.commands.calibrate import calibrate
 from opdflow.commands.export import export
 from opdflow.commands.jobs import logs, status, stop, submit
 from opdflow.commands.measure import attribute, measure
-from opdflow.commands.quality import admit, calibrate, compare
+from opdflow.commands.quality import admit, compare
 from opdflow.commands.report import report
 from opdflow.commands.run import run, validate
 from opdflow.commands.simulate import simulate

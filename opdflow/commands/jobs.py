@@ -33,7 +33,7 @@ TAIL_LINES = 40
 """Lines of a failed job's logs shown with the error."""
 
 
-def _client(address: str | None, token: str | None = None) -> Any:
+def job_client(address: str | None, token: str | None = None) -> Any:
     """A JobSubmissionClient for an explicit address, or a one-line error saying what to fix."""
     if not address:
         raise click.UsageError(
@@ -168,7 +168,7 @@ def submit(
     cfg = load_pipeline(pipeline, list(overrides))  # fail here, not on the cluster
     path_text, _, func = pipeline.partition(":")
     path = Path(path_text).resolve()
-    client = _client(address, token)
+    client = job_client(address, token)
     job_id = client.submit_job(
         entrypoint=entrypoint(path.name + (f":{func}" if func else ""), overrides, run_dir),
         runtime_env=runtime_env(path.parent, ship_opdflow, pip),
@@ -203,7 +203,7 @@ def _report_end(job_id: str, status: str, logs: str, client: Any) -> None:
 @token_option
 def status(job_id: str, address: str | None, token: str | None) -> None:
     """Print the status of a submitted job (and its summary once it succeeded)."""
-    client = _client(address, token)
+    client = job_client(address, token)
     try:
         info = client.get_job_info(job_id)
     except RuntimeError as exc:
@@ -227,7 +227,7 @@ def status(job_id: str, address: str | None, token: str | None) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Stream new lines until the job ends.")
 def logs(job_id: str, address: str | None, token: str | None, follow: bool) -> None:
     """Print a submitted job's logs."""
-    client = _client(address, token)
+    client = job_client(address, token)
     try:
         if follow:
             _follow_logs(client, job_id, sys.stdout)
@@ -243,7 +243,7 @@ def logs(job_id: str, address: str | None, token: str | None, follow: bool) -> N
 @token_option
 def stop(job_id: str, address: str | None, token: str | None) -> None:
     """Stop a submitted job."""
-    client = _client(address, token)
+    client = job_client(address, token)
     try:
         stopped = client.stop_job(job_id)
     except RuntimeError as exc:

@@ -1,7 +1,8 @@
 """`opdflow sweep`: one pipeline at several staleness bounds k, in one Ray cluster.
 
 Writes DIR/k<k>/ (a normal run directory per k), DIR/sweep.parquet (the table),
-DIR/sweep.png (the curves) and prints the table. The knee rule is in opdflow/analysis/throughput.py.
+DIR/sweep.png (the curves) and prints the table. The runs are driver/sweep.py's; the knee
+rule is in opdflow/analysis/throughput.py.
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides:
     import time
     from pathlib import Path
 
+    from rich.console import Console
+
+    from opdflow.commands.console import RunLines
     from opdflow.config import PipelineConfig
     from opdflow.config.loader import load_pipeline
     from opdflow.core.policy import k_label, parse_ks, settings_for, sweep_k_max
+    from opdflow.driver.sweep import run_sweep
 
     values = parse_ks(ks)
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
@@ -52,47 +57,9 @@ def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides:
         cfg.staleness = settings_for(k, cfg.staleness, k_max)
         cfg.name = f"{base.name}-{k_label(k).replace('=', '')}"
         cfgs.append((k, cfg.validate()))
-    rows = run_sweep(cfgs, root)
+    rows = run_sweep(cfgs, root, RunLines(Console(stderr=True)))
     print_table(rows)
     click.echo(f"table: {root / 'sweep.parquet'}  plot: {root / 'sweep.png'}")
-
-
-def run_sweep(cfgs: list, root) -> list[dict]:
-    """Run every config in one Ray cluster; write and return the table rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import ray
-
-    from opdflow.analysis.runs import Run
-    from opdflow.analysis.throughput import plot_sweep, sweep_rows
-    from opdflow.core.policy import k_label
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir
-
-    root.mkdir(parents=True, exist_ok=True)
-    r = cfgs[0][1].resources
-    need = max(
-        r.generator.num_cpus * c.engine.replicas
-        + sum(s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator))
-        for _, c in cfgs
-    )
-    started = connect(need)
-    runs = []
-    try:
-        for k, cfg in cfgs:
-            label = k_label(k)
-            click.echo(f"sweep: {label} ({cfg.train.steps} steps)", err=True)
-            run = RunDir.create(cfg, root / label.replace("=", ""))
-            run_pipeline(cfg, run)
-            runs.append(Run(run.path))
-    finally:
-        if started:
-            ray.shutdown()
-    rows = sweep_rows(runs)
-    pq.write_table(pa.Table.from_pylist(rows), root / "sweep.parquet")
-    plot_sweep(rows, root / "sweep.png")
-    return rows
 
 
 def print_table(rows: list[dict]) -> None:

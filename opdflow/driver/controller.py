@@ -17,7 +17,9 @@ regenerated, and counted. That rule is core/launch.py's `Launches`, which the si
 drives too. Dead stage actors are restarted by Ray and their work re-run,
 each restart recorded (restarts.py); a stuck one is killed after a deadline
 (supervisor.py). Checkpoints every N steps and on SIGINT/SIGTERM make a run resumable; a
-finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`.
+finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`
+(assembly.py), the run's placement, trackers and checkpoints in `RunWiring` (wiring.py);
+connecting to Ray and creating, resuming or cleaning up the run directory is the session's.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from opdflow.config import PipelineConfig
 from opdflow.core.launch import Launches
 from opdflow.core.staleness import StepObservation
 from opdflow.driver.assembly import Stages
-from opdflow.errors import ConfigError
-from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, load_latest
+from opdflow.driver.wiring import RunInputs, RunWiring
+from opdflow.runtime.checkpoint import Checkpoint
 from opdflow.runtime.restarts import RestartLog, restart_slowdown
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import (
@@ -47,7 +49,6 @@ from opdflow.runtime.supervisor import (
     diagnose,
     stop_on_signals,
 )
-from opdflow.runtime.trackers import open_trackers
 
 
 @dataclass
@@ -129,19 +130,18 @@ def run_pipeline(
     on_step: Callable[[dict], None] = lambda r: None,
     resume: Checkpoint | None = None,
     on_start: Callable[[Stages], None] = lambda st: None,
+    inputs: RunInputs | None = None,
 ) -> dict:
-    """Train cfg.train.steps learner steps (from `resume` if given); returns the run summary."""
-    root = checkpoints_dir(run.path, cfg.reliability.checkpoint_dir)
-    if resume is None and (other := load_latest(root)) is not None:
-        raise ConfigError(
-            f"reliability.checkpoint_dir = {str(root)!r} already holds checkpoints of a run "
-            f"(latest: {other.path.name}); give each run its own directory, or continue that "
-            "run with --resume"
-        )
-    trackers = open_trackers(cfg, run)  # metrics.parquet + cfg.log.sinks; params logged once
+    """Train cfg.train.steps learner steps (from `resume` if given) in a connected Ray (a
+    Session connects it); returns the run summary. `inputs`: what the session read before
+    it created the run directory (read here when not given)."""
+    inputs = inputs or RunInputs.for_run(cfg, run, resume)
+    wiring = RunWiring.open(cfg, run, inputs)  # trackers (params logged once), placement
+    trackers = wiring.trackers
     st: Stages | None = None
     try:
-        st = Stages.start(cfg, root, log=lambda m: run.event("log", message=m))
+        st = Stages.start(cfg, inputs, wiring.placement)
+        wiring.check_checkpoint_root(st.learner)
         on_start(st)
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
         first = st.restore(resume, run)
@@ -168,7 +168,7 @@ def run_pipeline(
         if first == 0:
             st.evaluate(0)
         launch_ready()
-        prof = st.profiler(run)  # the run clock starts here
+        prof = wiring.profiler(st.span_actors())  # the run clock starts here
 
         def evaluated(version: int) -> bool:
             return version == 0 or version % cfg.eval.every == 0 or version == steps
@@ -190,6 +190,10 @@ def run_pipeline(
 
         def on_timeout(stage: str, action: str) -> None:
             run.event("timeout", stage=stage, action=action)
+
+        def checkpoint(step: int) -> None:  # after `step` steps
+            state = {"dropped": gate.dropped, "policy": policy.state()}
+            wiring.checkpoint(st.learner, state, step)
 
         with stop_on_signals() as stop:
             for step in range(first, steps):
@@ -235,22 +239,24 @@ def run_pipeline(
                 rows.push(row, st.collect_evals(run, wait=False))
                 if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
                     rows.push(None, st.collect_evals(run, wait=True))
-                    st.checkpoint(run, step + 1, {"dropped": gate.dropped})
+                    checkpoint(step + 1)
                     if stop.requested:
                         raise StopRequested(f"stopped after step {step} (checkpoint written); "
                                             f"resume with --resume {run.path}")  # fmt: skip
         rows.push(None, st.collect_evals(run, wait=True))
         record_restarts(steps - 1)  # after the last row: in events and the summary only
         prof.finish(run)
-        st.checkpoint(run, steps, {"dropped": gate.dropped})
-        st.export_final(run, steps)
+        checkpoint(steps)
+        wiring.export_final(steps)
         summary = summarize(run, ray.get(st.learner.record.remote()), gate.dropped)
         run.write_json("summary.json", summary)
         return summary
     finally:
-        trackers.close()
-        if st is not None:
-            st.shutdown()
+        try:
+            if st is not None:
+                st.shutdown()
+        finally:
+            wiring.close()
 
 
 def _checkpoint_due(done: int, every: int, steps: int) -> bool:

@@ -36,6 +36,18 @@ def grouped_actors(cfg: PipelineConfig) -> dict[str, int]:
     return {"generator": cfg.engine.replicas, "learner": cfg.resources.learner.workers}
 
 
+def cpu_need(cfg: PipelineConfig) -> float:
+    """Ray CPUs a run holds at its largest: each generator replica the pool may grow to
+    (engine.max_replicas), each of the learner's workers, one rescorer, teacher, evaluator.
+    A local cluster is started with at least this many (Session)."""
+    r, e = cfg.resources, cfg.engine
+    return (
+        r.generator.num_cpus * max(e.replicas, e.max_replicas or 0)
+        + r.learner.num_cpus * r.learner.workers
+        + sum(s.num_cpus for s in (r.rescorer, r.teacher, r.evaluator))
+    )
+
+
 def actor_name(stage: str, index: int, count: int = 1) -> str:
     """How stages' actors are named (Stages.actors): generator[i]; a data-parallel learner's
     ranks learner[i]; the others (and a single learner) by stage."""

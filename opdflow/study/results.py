@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opdflow.study.plan import Arm
+from opdflow.study.plan import STANDARD, Arm
 
 RL_ACC_DROP = 0.05
 """An RL run breaks when it loses this much held-out accuracy against its bf16 run..."""
@@ -215,3 +215,25 @@ def bracket_of(runs: list[RunResult]) -> dict[str, Any]:
                 )
             )
     return asdict(derive_bracket(points))
+
+
+def judge_all(res: StudyResults, tau: float) -> None:
+    """Judge every run not judged yet: OPD runs against the standard run of their seed and
+    learning rate; RL runs against the bf16 run of their objective (same loss, centering,
+    seed and learning rate)."""
+
+    def base_of(r):
+        center = r.center and r.loss != "opd"  # OPD + centering is judged by the standard
+        want = (STANDARD, 0, r.loss, center, r.seed, r.lr)
+        return next(
+            (b for b in res.runs if (b.recipe, b.k, b.loss, b.center, b.seed, b.lr) == want),
+            None,
+        )
+
+    for r in res.runs:
+        base = base_of(r)
+        if r.verdict is not None or base is None or base is r:
+            continue
+        r.verdict = judge(r, base, tau)
+        if r.loss != "opd":
+            r.breaks = rl_breaks(r, base, r.verdict)

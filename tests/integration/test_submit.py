@@ -162,9 +162,9 @@ def test_a_failed_job_reports_the_tail_of_its_logs(ray_head, tmp_path):
     res = _cli(["submit", PIPELINE, *TINY, *bad, "--address", ray_head, "--no-wait"])
     assert res.exit_code == 0, res.output
     job_id = res.output.strip()
-    from opdflow.commands.jobs import _client, wait_for_job
+    from opdflow.commands.jobs import job_client, wait_for_job
 
-    status, _ = wait_for_job(_client(ray_head), job_id)
+    status, _ = wait_for_job(job_client(ray_head), job_id)
     assert status == "FAILED"
     st = _cli(["status", job_id, "--address", ray_head])
     assert st.exit_code == 1
@@ -180,7 +180,7 @@ def test_stop_a_running_job(ray_head):
     job_id = res.output.strip()
     stop = _cli(["stop", job_id, "--address", ray_head])
     assert stop.exit_code == 0 and "stop requested" in stop.output, stop.output
-    from opdflow.commands.jobs import _client, wait_for_job
+    from opdflow.commands.jobs import job_client, wait_for_job
 
-    status, _ = wait_for_job(_client(ray_head), job_id)
+    status, _ = wait_for_job(job_client(ray_head), job_id)
     assert status == "STOPPED"

@@ -2,8 +2,9 @@
 
 ray.cluster_utils.Cluster starts two raylets on loopback that advertise 4 logical GPUs
 and 72 CPUs each (no GPU needed: Ray schedules logical resources). Placement.reserve, the
-code Stages.start runs, must place each pipeline's groups, and opdflow.runtime.placement.fit must
-agree with Ray on which stages share a node; half the cluster must not hold them.
+code every run reserves its groups with (driver.wiring.reserve_placement), must place each
+pipeline's groups, and opdflow.runtime.placement.fit must agree with Ray on which stages
+share a node; half the cluster must not hold them.
 """
 
 from pathlib import Path

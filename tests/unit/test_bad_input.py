@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from opdflow.cli import main
-from opdflow.commands.console import open_resume
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
+from opdflow.driver.session import open_resume
 from opdflow.errors import ConfigError
 from opdflow.runtime.rundir import RunDir
 from opdflow.testbed.models import resolve_models
