@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,7 +191,12 @@ def ensure_tiny(
     )
 
 
-def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
+def build(
+    model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log: Callable[[str], None]
+) -> None:
+    """Build one recipe's task, tokenizer, teacher and student into `root`, atomically (a
+    temporary directory renamed into place), in this process; ensure_tiny runs it in a child
+    process under build_env() so the weights do not depend on the caller's threads."""
     import torch
 
     from opdflow.testbed.task import alphabet, split_problems, write_parquet
@@ -231,7 +237,7 @@ def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> N
 
 
 def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
-    """Run _build in `python -m opdflow.testbed.zoo` under build_env(), relaying its log lines: kernel
+    """Run build in `python -m opdflow.testbed.zoo` under build_env(), relaying its log lines: kernel
     pins only take effect in a process that has not loaded torch yet, and every build runs
     the same way whether pinned or not."""
     spec = json.dumps(
@@ -263,7 +269,7 @@ def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, 
 def main(argv: list[str]) -> None:
     """`python -m opdflow.testbed.zoo SPEC_JSON ROOT`: one build in this process (_build_in_child)."""
     spec = json.loads(argv[0])
-    _build(
+    build(
         TinyModelSpec(**spec["model"]),
         TaskSpec(**spec["task"]),
         Path(argv[1]),
