@@ -196,7 +196,7 @@ def build(
 ) -> None:
     """Build one recipe's task, tokenizer, teacher and student into `root`, atomically (a
     temporary directory renamed into place), in this process; ensure_tiny runs it in a child
-    process under build_env() so the weights do not depend on the caller's threads."""
+    process (_build_in_child) so that build_env()'s threads and kernel pins take effect."""
     import torch
 
     from opdflow.testbed.task import alphabet, split_problems, write_parquet
