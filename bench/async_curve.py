@@ -26,13 +26,13 @@ from pathlib import Path
 
 
 def config(k: int | str, args: argparse.Namespace, k_max: int):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
+    from opdflow.core.policy import settings_for
 
-    policy = ["staleness.policy=adaptive", "staleness.k=0", f"staleness.k_max={k_max}"]
-    return apply_overrides(
+    cfg = apply_overrides(
         PipelineConfig(name=f"bench-{k}", warmup_steps=args.warmup),
         [
-            *(policy if k == "adaptive" else ["staleness.policy=fixed", f"staleness.k={k}"]),
             f"train.steps={args.steps}",
             f"eval.every={args.steps}",
             "eval.prompts=8",
@@ -46,6 +46,8 @@ def config(k: int | str, args: argparse.Namespace, k_max: int):
             "resources.learner.torch_threads=1",
         ],
     )
+    cfg.staleness = settings_for(k, cfg.staleness, k_max)
+    return cfg.validate()
 
 
 def stage_times(run_dir: Path, warmup: int) -> tuple[float, float]:
@@ -78,45 +80,45 @@ def main() -> None:
     p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (medians)")
     args = p.parse_args()
-    ks = [int(x) for x in args.k.split(",")]
+    from opdflow.core.policy import ADAPTIVE, parse_ks, sweep_k_max
+
+    ks = [k for k in parse_ks(args.k) if k != ADAPTIVE]
     if 0 not in ks:
         ks = [0, *ks]
 
-    import ray
+    from opdflow.driver.session import Session
 
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir
-
-    connect(3)
     root = Path(tempfile.mkdtemp(prefix="async_curve-"))
-    names: list[int | str] = [*ks, *([] if args.no_adaptive else ["adaptive"])]
+    names: list[int | str] = [*ks, *([] if args.no_adaptive else [ADAPTIVE])]
     runs: dict[int | str, list[dict]] = {k: [] for k in names}
-    for rep in range(args.repeats):
-        # rotate the order each repeat so slow drift of a shared machine hits every k alike
-        for k in names[rep % len(names) :] + names[: rep % len(names)]:
-            cfg = config(k, args, max(ks))
-            run = RunDir.create(cfg, root / f"{k}-{rep}")
-            s = run_pipeline(cfg, run)
-            g, t = stage_times(run.path, args.warmup)
-            tail = run.metrics[-10:]
-            runs[k].append(
-                {
-                    "uph": s["updates_per_hour"],
-                    "wait": s["trainer_wait_share"],
-                    "g": g,
-                    "t": t,
-                    "k_final": run.metrics[-1]["k"],
-                    "period": statistics.median(r["step_s"] for r in run.metrics[args.warmup :]),
-                    "wait_tail": sum(r["trainer_wait_s"] for r in tail)
-                    / sum(r["step_s"] for r in tail),
-                }
-            )
-            print(
-                f"ran {k} (repeat {rep}): {s['updates_per_hour']:.0f} updates/h, "
-                f"wait {s['trainer_wait_share']:.1%}, g {g * 1e3:.0f} ms, t {t * 1e3:.0f} ms",
-                flush=True,
-            )
+    with Session(need_cpus=3) as session:
+        for rep in range(args.repeats):
+            # rotate the order each repeat so slow drift of a shared machine hits every k alike
+            for k in names[rep % len(names) :] + names[: rep % len(names)]:
+                cfg = config(k, args, sweep_k_max(ks, 0))
+                done = session.run(cfg, root / f"{k}-{rep}")
+                s, run = done.summary, done.run
+                g, t = stage_times(run.path, args.warmup)
+                tail = run.metrics[-10:]
+                runs[k].append(
+                    {
+                        "uph": s["updates_per_hour"],
+                        "wait": s["trainer_wait_share"],
+                        "g": g,
+                        "t": t,
+                        "k_final": run.metrics[-1]["k"],
+                        "period": statistics.median(
+                            r["step_s"] for r in run.metrics[args.warmup :]
+                        ),
+                        "wait_tail": sum(r["trainer_wait_s"] for r in tail)
+                        / sum(r["step_s"] for r in tail),
+                    }
+                )
+                print(
+                    f"ran {k} (repeat {rep}): {s['updates_per_hour']:.0f} updates/h, "
+                    f"wait {s['trainer_wait_share']:.1%}, g {g * 1e3:.0f} ms, t {t * 1e3:.0f} ms",
+                    flush=True,
+                )
     # medians over repeats (the adaptive run's chosen k: its most common final k)
     res = {
         k: {
@@ -125,7 +127,6 @@ def main() -> None:
         }
         for k, rs in runs.items()
     }
-    ray.shutdown()
 
     g0, t0 = res[0]["g"], res[0]["t"]
     ceiling = (g0 + t0) / max(g0, t0)
@@ -158,15 +159,15 @@ def main() -> None:
             f"{r['g'] * 1e3:>6.0f} {r['t'] * 1e3:>6.0f} {r['period'] * 1e3:>6.0f} "
             f"{within:>5.2f}x {own:>7.2f}x {within / own:>6.2f} | {r['wait']:>6.1%}"
         )
-    fixed = {k: r for k, r in res.items() if k != "adaptive"}
+    fixed = {k: r for k, r in res.items() if k != ADAPTIVE}
     best_k = max(fixed, key=lambda k: fixed[k]["uph"])
     best_ratio = fixed[best_k]["uph"] / base
     print(
         f"\nbest fixed k={best_k}: {best_ratio:.2f}x = {best_ratio / ceiling:.2f} of the ceiling "
         f"(goal >= 0.95)"
     )
-    if "adaptive" in res:
-        a = res["adaptive"]
+    if ADAPTIVE in res:
+        a = res[ADAPTIVE]
         chosen = a["k_final"]
         print(
             f"adaptive: {a['uph']:.0f} updates/h = {a['uph'] / fixed[best_k]['uph']:.2f} of best "

@@ -6,7 +6,7 @@ Runs the short-answer tiny pipeline (pipelines/tiny_cpu.py:short_answers, held-o
 evaluation only at the start and the end) at k = 0, 1, 2, 4 with one generator and at
 k = 2 with two generators (each generator replica and the learner reserve one Ray CPU and
 run torch on one thread), in one Ray cluster per generator count (`opdflow sweep`'s
-run_sweep), `--repeats` times. Then it simulates every configuration from ONE reference run's spans (the first k = 0 run) with
+driver.sweep.run_sweep), `--repeats` times. Then it simulates every configuration from ONE reference run's spans (the first k = 0 run) with
 opdflow.analysis.simulator, `--steps` steps like the runs, 20 seeds, two ways:
 
 - cluster: every stage on its own hardware (what `opdflow simulate` assumes by default);
@@ -51,8 +51,10 @@ def free_cores(seconds: float = 3.0) -> float:
 
 def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     """Run (or reuse) one sweep; {k: {updates_per_hour, wait_share, staleness, run_dir}}."""
-    from opdflow.commands.sweep import run_sweep
-    from opdflow.config import PipelineConfig, load_pipeline
+    from opdflow.config import PipelineConfig
+    from opdflow.config.loader import load_pipeline
+    from opdflow.core.policy import settings_for
+    from opdflow.driver.sweep import run_sweep
     from opdflow.runtime.rundir import read_table
 
     done = root / "measured.json"
@@ -66,7 +68,7 @@ def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     cfgs = []
     for k in ks:
         cfg = PipelineConfig.from_dict(base.to_dict())
-        cfg.staleness.policy, cfg.staleness.k = "fixed", k
+        cfg.staleness = settings_for(k, cfg.staleness, cfg.staleness.k_max)
         cfg.name = f"simval-g{generators}-k{k}"
         cfgs.append((k, cfg.validate()))
     rows = run_sweep(cfgs, root)
@@ -94,7 +96,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from opdflow.analysis.simulator import SimConfig, StageTimes, simulate_mean
+    from opdflow.analysis.simulator import SimConfig, simulate_mean
+    from opdflow.analysis.stage_times import StageTimes
 
     root = Path(args.out)
     measured: dict[tuple[int, int], list[dict]] = {c: [] for c in CONFIGS}

@@ -1,4 +1,7 @@
-"""The `opdflow` command line. Heavy modules are imported inside commands: --help is instant."""
+"""The `opdflow` command line: the group and one line per command, each from commands/.
+
+Heavy modules are imported inside the commands, so --help is instant.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +10,23 @@ import sys
 import click
 
 from opdflow import __version__
+from opdflow.commands.calibrate import calibrate
+from opdflow.commands.export import export
+from opdflow.commands.jobs import logs, status, stop, submit
+from opdflow.commands.measure import attribute, measure
+from opdflow.commands.quality import admit, compare
+from opdflow.commands.report import report
+from opdflow.commands.run import run, validate
+from opdflow.commands.simulate import simulate
+from opdflow.commands.study import study
+from opdflow.commands.sweep import sweep
+from opdflow.errors import ConfigError
 
 
 class _Group(click.Group):
     """Turns ConfigError into a one-line message and exit code 2, no traceback."""
 
     def invoke(self, ctx: click.Context):
-        from opdflow.config import ConfigError
-
         try:
             return super().invoke(ctx)
         except ConfigError as exc:
@@ -28,143 +40,25 @@ def main() -> None:
     """Asynchronous on-policy distillation on Ray: run, measure, admit, sweep."""
 
 
-_set_option = click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="FIELD=VALUE",
-    help="Override a config field, e.g. --set train.lr=3e-4 (repeatable).",
-)
-
-
-@main.command()
-@click.argument("pipeline")
-@_set_option
-@click.option(
-    "--cluster",
-    default=None,
-    metavar="NxG[:C]",
-    help="Also place every actor on N nodes of G GPUs (and C CPUs) each, e.g. 2x4:72.",
-)
-@click.option(
-    "--cluster-yaml",
-    default=None,
-    metavar="FILE",
-    help="Also place every actor on the nodes a Ray cluster launcher YAML or KubeRay manifest "
-    "declares (CPUs, GPUs, custom resources, max workers), e.g. cluster/aws-gpu.yaml.",
-)
-def validate(
-    pipeline: str, overrides: tuple[str, ...], cluster: str | None, cluster_yaml: str | None
-) -> None:
-    """Load and validate PIPELINE (path.py[:function]) without starting Ray.
-
-    Checks the config, not the files it names (run checks those when it starts)."""
-    import json
-
-    from opdflow.config import load_pipeline
-
-    if cluster and cluster_yaml:
-        raise click.UsageError("give either --cluster (a described cluster) or --cluster-yaml")
-    cfg = load_pipeline(pipeline, list(overrides))
-    click.echo(json.dumps(cfg.to_dict(), indent=2))
-    where: dict[str, str] = {}
-    if cluster:
-        from opdflow.runtime.placement import fit, parse_cluster
-
-        where = {a: f"node {n}" for a, n in fit(cfg, parse_cluster(cluster)).items()}
-    elif cluster_yaml:
-        from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
-
-        where = fit_cluster_file(cfg, load_cluster_file(cluster_yaml))
-    for node in dict.fromkeys(sorted(where.values(), key=_node_order)):
-        actors = ", ".join(a for a, n in where.items() if n == node)
-        click.echo(f"{node}: {actors}", err=True)
-    fits = f" and fits {cluster or cluster_yaml}" if where else ""
-    click.secho(f"{pipeline}: valid{fits}", fg="green", err=True)
-
-
-def _node_order(label: str) -> tuple:
-    """'node 10' after 'node 9'; 'rollout[10]' after 'rollout[9]'."""
-    import re
-
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label))
-
-
-@main.command()
-@click.argument("pipeline")
-@_set_option
-@click.option("--steps", type=int, default=None, help="Learner steps (overrides train.steps).")
-@click.option(
-    "--run-dir", type=click.Path(), default=None, help="Run directory (default runs/NAME-TIME)."
-)
-@click.option(
-    "--resume", type=click.Path(), default=None, help="Continue RUN_DIR from its last checkpoint."
-)
-@click.option(
-    "--log",
-    "sinks",
-    default=None,
-    metavar="SINKS",
-    help="Trackers besides metrics.parquet, comma-separated: tensorboard,wandb,mlflow.",
-)
-def run(
-    pipeline: str,
-    overrides: tuple[str, ...],
-    steps: int | None,
-    run_dir: str | None,
-    resume: str | None,
-    sinks: str | None,
-) -> None:
-    """Run PIPELINE: on-policy distillation on an embedded local Ray cluster or RAY_ADDRESS."""
-    import json
-
-    from opdflow.config import load_pipeline
-
-    extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
-    if sinks is not None:
-        extra.append("log.sinks=" + json.dumps([s.strip() for s in sinks.split(",") if s.strip()]))
-    cfg = load_pipeline(pipeline, extra)
-    from opdflow.commands.console import run_with_progress
-
-    if resume and run_dir:
-        raise click.UsageError("give either --run-dir (a new run) or --resume (an existing one)")
-    run_with_progress(cfg, run_dir, resume)
-
-
-from opdflow.commands import report as _report  # noqa: E402
-
-main.add_command(_report.report)
-
-from opdflow.commands.export import export as _export  # noqa: E402
-
-main.add_command(_export)
-
-from opdflow.commands import quality as _quality  # noqa: E402
-
-main.add_command(_quality.compare)
-main.add_command(_quality.admit)
-main.add_command(_quality.calibrate)
-from opdflow.commands.sweep import sweep  # noqa: E402
-
-main.add_command(sweep)
-
-from opdflow.commands import measure as _measure_cmds  # noqa: E402
-
-main.add_command(_measure_cmds.measure)
-main.add_command(_measure_cmds.attribute)
-from opdflow.commands.simulate import simulate as _simulate  # noqa: E402
-
-main.add_command(_simulate)
-
-from opdflow.commands import jobs as _jobs  # noqa: E402
-
-main.add_command(_jobs.submit)
-main.add_command(_jobs.status)
-main.add_command(_jobs.logs)
-main.add_command(_jobs.stop)
+for command in (
+    validate,
+    run,
+    report,
+    export,
+    compare,
+    admit,
+    calibrate,
+    sweep,
+    measure,
+    attribute,
+    simulate,
+    submit,
+    status,
+    logs,
+    stop,
+    study,
+):
+    main.add_command(command)
 
 if __name__ == "__main__":
     main()
-from opdflow.commands.study import study as _study  # noqa: E402
-
-main.add_command(_study)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 PILOT_LINE = 0.41
 """The paper's pilot line L (nats/token), used only when no budget file is given."""

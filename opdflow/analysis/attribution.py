@@ -63,7 +63,7 @@ def attribute(
     session: MeasureSession | None = None,
 ) -> Attribution:
     """Attribute `recipe`'s D to layers; budget defaults to a tenth of the full recipe's D."""
-    from opdflow.engines.recipes import parse_recipe, with_parts
+    from opdflow.core.recipe import parse_recipe, with_parts
 
     parsed = parse_recipe(recipe)
     s = session or MeasureSession(

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 D_KIND = "d_total_k1"
 """Which mismatch a run's D is: token-pooled engine + staleness k1 over its training steps."""

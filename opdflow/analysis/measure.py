@@ -110,9 +110,9 @@ class MeasureSession:
         """Generate with `recipe`, rescore with the BF16 student, pool per prompt."""
         from opdflow.compute.scoring import score_batch
         from opdflow.core.mismatch import MismatchStats
+        from opdflow.core.recipe import parse_recipe
         from opdflow.core.stats import pooled_ratio_ci
         from opdflow.engines.base import GenerationRequest, SamplingParams
-        from opdflow.engines.recipes import parse_recipe
 
         text = parse_recipe(recipe).text
         t0 = time.perf_counter()
@@ -164,7 +164,7 @@ def measure_recipes(
     on_progress: Callable[[str], None] | None = None,
 ) -> list[Measurement]:
     """Mismatch of each recipe against the BF16 student, in the order given."""
-    from opdflow.engines.recipes import parse_recipe
+    from opdflow.core.recipe import parse_recipe
 
     for r in recipes:
         parse_recipe(r)  # fail on a bad name before loading anything

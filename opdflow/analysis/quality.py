@@ -12,14 +12,14 @@ a verdict out; nothing here imports Ray or torch.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.analysis.runs import Run, read_run
 from opdflow.core.stats import Interval, paired_diff_ci
+from opdflow.errors import ConfigError
 
 TAU = 0.20
 """The paper's tolerance: a run fails at >= 20% worse final held-out KL."""
@@ -39,48 +39,14 @@ PAIRING_FIELDS = (
 (data.task only where data.heldout is "tiny": it defines the tiny held-out set)."""
 
 
-@dataclass
-class RunRecord:
-    """What the quality rule and calibration read from a finished run directory."""
-
-    path: Path
-    config: dict[str, Any]
-    heldout: list[dict[str, Any]]
-    metrics: list[dict[str, Any]]
-    summary: dict[str, Any]
-
-    @property
-    def recipe(self) -> str:
-        return str(self.config.get("engine", {}).get("recipe", "?"))
-
-    @property
-    def versions(self) -> list[int]:
-        return sorted({int(r["version"]) for r in self.heldout})
-
-    def heldout_at(self, version: int) -> list[dict[str, Any]]:
-        return sorted(
-            (r for r in self.heldout if int(r["version"]) == version),
-            key=lambda r: int(r["prompt_index"]),
-        )
-
-
-def load_run(path: str | Path) -> RunRecord:
-    """Read a run directory; errors name the missing file and what writes it."""
-    from opdflow.runtime.rundir import read_table
-
-    p = Path(path)
-    if not p.is_dir():
-        raise ConfigError(f"run directory {p} not found")
-    for name in ("config.json", "heldout.parquet"):
-        if not (p / name).is_file():
-            raise ConfigError(
-                f"{p / name} is missing: not a finished opdflow run directory "
-                "(`opdflow run` writes config.json, metrics.parquet, heldout.parquet)"
-            )
-    config = json.loads((p / "config.json").read_text())
-    metrics = read_table(p / "metrics.parquet") if (p / "metrics.parquet").is_file() else []
-    summary = json.loads((p / "summary.json").read_text()) if (p / "summary.json").is_file() else {}
-    return RunRecord(p, config, read_table(p / "heldout.parquet"), metrics, summary)
+def load_run(path: str | Path) -> Run:
+    """The run in `path`, refused unless it holds what the rule reads (config and held-out)."""
+    return read_run(
+        path,
+        ("config.json", "heldout.parquet"),
+        "not a finished opdflow run directory "
+        "(`opdflow run` writes config.json, metrics.parquet, heldout.parquet)",
+    )
 
 
 def pairing_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -95,7 +61,7 @@ def pairing_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
-def common_final_version(std: RunRecord, c: RunRecord, version: int | None = None) -> int:
+def common_final_version(std: Run, c: Run, version: int | None = None) -> int:
     """The held-out version both runs are judged at: each run's final one, which must agree."""
     vs, vc = std.versions, c.versions
     common = sorted(set(vs) & set(vc))
@@ -202,8 +168,8 @@ def judge_rows(
 
 
 def compare_runs(
-    std: RunRecord,
-    c: RunRecord,
+    std: Run,
+    c: Run,
     tau: float = TAU,
     acc_drop: float = ACC_DROP,
     version: int | None = None,

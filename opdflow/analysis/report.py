@@ -1,114 +1,37 @@
-"""The report: PNG plots and one self-contained HTML page that compares runs.
+"""The report: one self-contained HTML page (and its PNG plots) that compares runs.
 
 `write_report(paths, out)` reads run directories (or sweep directories holding several)
 and writes held-out KL vs step and vs wall time, held-out accuracy vs step (when the
 held-out prompts have reference answers), mismatch (d_engine, d_stale) vs step,
 trainer wait vs step, the stage timeline (from spans.parquet when the profiler recorded
-spans), the sweep curve when the runs differ in staleness k, the admission table when an
-admission.json is present, and a plain-language bottleneck line per run. The page embeds
-every plot as base64 PNG, so it opens anywhere without network. The bottleneck rule and
-the share computations are pure functions (unit-tested without plots or Ray).
+spans), the sweep table and curve when the runs differ in staleness (throughput.py), the
+admission table when an admission.json is present, and a plain-language bottleneck line
+per run (bottleneck.py). The page embeds every plot as base64 PNG, so it opens anywhere
+without network. The numbers come from curves.py and bottleneck.py, the figures from
+plots.py; this module only lays them out.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
-from opdflow.runtime.profiler import union_seconds
-
-WAIT_BOUND = 0.10
-"""Trainer wait share (of learner step time) at or above which a run is generation-bound."""
-IDLE_BOUND = 0.25
-"""Generator idle share at or above which a run (not generation-bound) is trainer-bound."""
-
-STAGE_COLORS = {
-    "generator": "#1f77b4",
-    "rescorer": "#ff7f0e",
-    "teacher": "#2ca02c",
-    "learner": "#d62728",
-    "evaluator": "#9467bd",
-    "publish": "#8c564b",
-    "fetch": "#e377c2",
-}
-
-
-# ---------------------------------------------------------------- loading
-
-
-@dataclass
-class RunData:
-    """What the report reads from one run directory."""
-
-    path: Path
-    config: dict[str, Any]
-    metrics: list[dict[str, Any]]
-    heldout: list[dict[str, Any]] = field(default_factory=list)
-    spans: list[dict[str, Any]] | None = None
-    summary: dict[str, Any] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def k(self) -> int | None:
-        return self.config.get("staleness", {}).get("k")
-
-    @property
-    def label(self) -> str:
-        recipe = self.config.get("engine", {}).get("recipe", "?")
-        return f"{self.name} (k={self.k}, {recipe})"
-
-
-def _table(path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / "metrics.parquet").is_file()
-
-
-def expand_run_dirs(paths: list[str | Path]) -> list[Path]:
-    """Run directories named directly, or found one level below a sweep directory."""
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if is_run_dir(p):
-            found.append(p)
-        elif p.is_dir() and (subs := sorted(d for d in p.iterdir() if is_run_dir(d))):
-            found.extend(subs)
-        else:
-            raise ConfigError(
-                f"{p} is neither a run directory (no metrics.parquet) nor a sweep directory "
-                "holding run directories; give the directory `opdflow run` wrote"
-            )
-    return list(dict.fromkeys(found))
-
-
-def load_run(path: Path) -> RunData:
-    """Read one run directory; spans, held-out and summary are optional."""
-
-    def opt_json(name: str) -> Any:
-        f = path / name
-        return json.loads(f.read_text()) if f.is_file() else None
-
-    return RunData(
-        path=path,
-        config=opt_json("config.json") or {},
-        metrics=_table(path / "metrics.parquet"),
-        heldout=_table(path / "heldout.parquet") if (path / "heldout.parquet").is_file() else [],
-        spans=_table(path / "spans.parquet") if (path / "spans.parquet").is_file() else None,
-        summary=opt_json("summary.json"),
-    )
+from opdflow.analysis.bottleneck import IDLE_BOUND, WAIT_BOUND, bottleneck, run_shares
+from opdflow.analysis.curves import accuracy_curve, heldout_curve
+from opdflow.analysis.plots import (
+    plot_accuracy,
+    plot_heldout,
+    plot_mismatch,
+    plot_timeline,
+    plot_trainer_wait,
+)
+from opdflow.analysis.runs import Run, expand_run_dirs
+from opdflow.analysis.throughput import is_sweep, plot_sweep, sweep_order, sweep_rows
+from opdflow.errors import ConfigError
 
 
 def load_admission(dirs: list[Path]) -> list[dict[str, Any]] | None:
@@ -121,313 +44,6 @@ def load_admission(dirs: list[Path]) -> list[dict[str, Any]] | None:
                 raise ConfigError(f"{f}: expected a JSON list of row objects")
             return rows
     return None
-
-
-# ---------------------------------------------------------------- pure numbers
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
-def heldout_curve(heldout: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(version, token-pooled held-out KL) per evaluated version, in version order."""
-    by_v: dict[int, list[float]] = {}
-    for r in heldout:
-        acc = by_v.setdefault(int(r["version"]), [0.0, 0.0])
-        acc[0] += r["kl_sum"]
-        acc[1] += r["tokens"]
-    return [(v, s / max(t, 1.0)) for v, (s, t) in sorted(by_v.items())]
-
-
-def accuracy_curve(run: RunData) -> list[tuple[int, float]]:
-    """(version, held-out accuracy) per evaluated version; empty when the run's held-out
-    prompts have no reference answers (its accuracy would be a meaningless 0)."""
-    from opdflow.testbed.data import heldout_has_answers
-
-    answers = heldout_has_answers(run.config.get("data", {}).get("heldout", "tiny"))
-    acc = [r.get("accuracy") for r in run.heldout]
-    if answers is False or not acc or any(not _finite(a) for a in acc):
-        return []
-    if answers is None and not any(acc):  # the prompt file is not here: all-zero is no signal
-        return []
-    by_v: dict[int, list[float]] = {}
-    for r in run.heldout:
-        by_v.setdefault(int(r["version"]), []).append(float(r["accuracy"]))
-    return [(v, sum(a) / len(a)) for v, a in sorted(by_v.items())]
-
-
-def version_times(metrics: list[dict[str, Any]]) -> dict[int, float]:
-    """Wall seconds since the run's start at which each weight version existed.
-
-    Step n's row ends when version n + 1 is published; version 0 exists at time 0.
-    """
-    return {0: 0.0, **{int(r["step"]) + 1: float(r["time_s"]) for r in metrics}}
-
-
-def busy_shares(spans: list[dict[str, Any]]) -> dict[str, float]:
-    """Per stage: the share of the spans' wall window its actors were busy, averaged over actors."""
-    if not spans:
-        return {}
-    t0 = min(s["start_s"] for s in spans)
-    t1 = max(s["end_s"] for s in spans)
-    window = max(t1 - t0, 1e-9)
-    per_actor: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for s in spans:
-        per_actor.setdefault((s["stage"], str(s["actor"])), []).append((s["start_s"], s["end_s"]))
-    by_stage: dict[str, list[float]] = {}
-    for (stage, _), iv in per_actor.items():
-        by_stage.setdefault(stage, []).append(union_seconds(iv) / window)
-    return {stage: sum(v) / len(v) for stage, v in by_stage.items()}
-
-
-@dataclass
-class Shares:
-    """The two numbers the bottleneck rule reads, and where the generator's came from."""
-
-    trainer_wait: float
-    generator_busy: float
-    source: str
-
-
-def run_shares(run: RunData) -> Shares:
-    """Trainer wait share from metrics; generator busy share from spans, else from gen_s.
-
-    Warm-up steps (config warmup_steps; actor start, first weight fetch) are left out when
-    later steps exist.
-    """
-    warm = int(run.config.get("warmup_steps", 0) or 0)
-    rows = run.metrics[warm:] if len(run.metrics) > warm else run.metrics
-    step_s = sum(r["step_s"] for r in rows if _finite(r.get("step_s")))
-    wait_s = sum(r["trainer_wait_s"] for r in rows if _finite(r.get("trainer_wait_s")))
-    wait = wait_s / step_s if step_s > 0 else float("nan")
-    if run.spans:
-        gen = busy_shares(run.spans).get("generator", float("nan"))
-        return Shares(wait, gen, "spans")
-    gen_s = sum(r["gen_s"] for r in rows if _finite(r.get("gen_s")))
-    gen = min(gen_s / step_s, 1.0) if step_s > 0 else float("nan")
-    return Shares(wait, gen, "metrics gen_s / step_s")
-
-
-def bottleneck(
-    trainer_wait_share: float,
-    generator_busy_share: float,
-    k: int | None = None,
-    wait_bound: float = WAIT_BOUND,
-    idle_bound: float = IDLE_BOUND,
-) -> str:
-    """One plain-language line saying which stage limits throughput.
-
-    Rule: the trainer waiting for batches at least `wait_bound` of its step time means
-    generation is the bottleneck (raise k or add rollout workers); otherwise generators
-    idle at least `idle_bound` of the time means the learner is (more rollout workers will
-    not help); otherwise the run is balanced.
-    """
-    if not (_finite(trainer_wait_share) and _finite(generator_busy_share)):
-        return "unknown: not enough timing data to name a bottleneck"
-    idle = max(0.0, 1.0 - generator_busy_share)
-    if trainer_wait_share >= wait_bound:
-        now = f" (now k={k})" if k is not None else ""
-        return (
-            f"generation-bound: the trainer waits {trainer_wait_share:.0%} of its step time; "
-            f"raise k{now} or add rollout workers"
-        )
-    if idle >= idle_bound:
-        return (
-            f"trainer-bound: generation idle {idle:.0%}; more rollout workers will not help "
-            "(a faster learner will)"
-        )
-    return (
-        f"balanced: the trainer waits {trainer_wait_share:.0%} of its step time and "
-        f"generation is idle {idle:.0%}"
-    )
-
-
-def is_sweep(runs: list[RunData]) -> bool:
-    """Several runs that differ in staleness k."""
-    return len(runs) >= 2 and len({r.k for r in runs}) >= 2
-
-
-def sweep_rows(runs: list[RunData]) -> list[dict[str, Any]]:
-    """Per k (sorted): updates/hour, ratio to the smallest k, trainer wait share, end KL, d_stale."""
-    rows = []
-    for r in sorted(runs, key=lambda r: (r.k is None, r.k)):
-        m = r.metrics
-        uph = m[-1].get("updates_per_hour", float("nan")) if m else float("nan")
-        curve = heldout_curve(r.heldout)
-        stale = [x["d_stale_k1"] for x in m if _finite(x.get("d_stale_k1"))]
-        rows.append(
-            {
-                "run": r.name,
-                "k": r.k,
-                "updates_per_hour": uph,
-                "trainer_wait_share": run_shares(r).trainer_wait,
-                "heldout_kl_end": curve[-1][1] if curve else float("nan"),
-                "d_stale_k1": sum(stale) / len(stale) if stale else float("nan"),
-            }
-        )
-    base = rows[0]["updates_per_hour"] if rows else float("nan")
-    for row in rows:
-        ok = _finite(base) and base > 0 and _finite(row["updates_per_hour"])
-        row["ratio_to_first_k"] = row["updates_per_hour"] / base if ok else float("nan")
-    return rows
-
-
-# ---------------------------------------------------------------- plots
-
-
-def _figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (7.5, 3.6)):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(nrows, ncols, figsize=size, dpi=100, squeeze=False)
-
-
-def _png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def plot_heldout(runs: list[RunData], x: str) -> bytes:
-    """Held-out KL against learner step (x="step") or wall seconds (x="time")."""
-    fig, ax = _figure()
-    a = ax[0][0]
-    for r in runs:
-        curve = heldout_curve(r.heldout)
-        if x == "time":
-            times = version_times(r.metrics)
-            pts = [(times[v], kl) for v, kl in curve if v in times]
-        else:
-            pts = curve
-        if pts:
-            a.plot(*zip(*pts), marker="o", label=r.label)
-    a.set_xlabel("learner step (weight version)" if x == "step" else "wall time (s)")
-    a.set_ylabel("held-out KL (nats/token)")
-    a.set_title("Held-out KL(student || teacher) vs " + ("step" if x == "step" else "wall time"))
-    a.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    return _png(fig)
-
-
-def plot_accuracy(runs: list[RunData]) -> bytes:
-    """Held-out accuracy (share of responses with the reference answer) against step."""
-    fig, ax = _figure()
-    a = ax[0][0]
-    for r in runs:
-        pts = accuracy_curve(r)
-        if pts:
-            a.plot(*zip(*pts), marker="o", label=r.label)
-    a.set_xlabel("learner step (weight version)")
-    a.set_ylabel("held-out accuracy")
-    a.set_ylim(0, 1)
-    a.set_title("Held-out accuracy (answer matches the reference) vs step")
-    a.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    return _png(fig)
-
-
-def plot_mismatch(runs: list[RunData]) -> bytes:
-    """d_engine and d_stale per step: k1 (solid) and k3 (dashed)."""
-    fig, ax = _figure(1, 2, (10, 3.6))
-    for col, part in enumerate(("d_engine", "d_stale")):
-        a = ax[0][col]
-        for i, r in enumerate(runs):
-            color = f"C{i}"
-            for est, style in (("k1", "-"), ("k3", "--")):
-                pts = [
-                    (m["step"], m[f"{part}_{est}"])
-                    for m in r.metrics
-                    if _finite(m.get(f"{part}_{est}"))
-                ]
-                if pts:
-                    a.plot(*zip(*pts), style, color=color, label=f"{r.name} {est}")
-        a.axhline(0, color="grey", lw=0.6)
-        a.set_title(f"{part} (nats/token) vs step")
-        a.set_xlabel("learner step")
-        a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    return _png(fig)
-
-
-def plot_trainer_wait(runs: list[RunData]) -> bytes:
-    fig, ax = _figure()
-    a = ax[0][0]
-    for r in runs:
-        pts = [
-            (m["step"], m["trainer_wait_s"]) for m in r.metrics if _finite(m.get("trainer_wait_s"))
-        ]
-        if pts:
-            a.plot(*zip(*pts), marker=".", label=r.label)
-    a.set_xlabel("learner step")
-    a.set_ylabel("trainer wait (s)")
-    a.set_title("Trainer wait before each step (waiting for a ready batch)")
-    a.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    return _png(fig)
-
-
-def plot_timeline(run: RunData) -> bytes:
-    """One lane per (stage, actor); a bar per span, coloured by stage."""
-    spans = run.spans or []
-    lanes = sorted(
-        {(s["stage"], str(s["actor"])) for s in spans},
-        key=lambda x: (list(STAGE_COLORS).index(x[0]) if x[0] in STAGE_COLORS else 99, x[1]),
-    )
-    fig, ax = _figure(size=(10, 0.45 * len(lanes) + 1.6))
-    a = ax[0][0]
-    for i, lane in enumerate(lanes):
-        bars = [
-            (s["start_s"], s["end_s"] - s["start_s"])
-            for s in spans
-            if (s["stage"], str(s["actor"])) == lane
-        ]
-        a.broken_barh(bars, (i - 0.4, 0.8), color=STAGE_COLORS.get(lane[0], "grey"))
-    a.set_yticks(range(len(lanes)), [f"{st}:{ac}" for st, ac in lanes], fontsize=8)
-    a.invert_yaxis()
-    a.set_xlabel("wall time since run start (s)")
-    a.set_title(f"Stage timeline: {run.name}")
-    a.grid(axis="x", alpha=0.3)
-    return _png(fig)
-
-
-def plot_sweep(rows: list[dict[str, Any]]) -> bytes:
-    """Updates/hour (and ratio to the first k), trainer wait share and end held-out KL vs k."""
-    fig, ax = _figure(1, 3, (12, 3.6))
-    ks = [r["k"] for r in rows]
-    a = ax[0][0]
-    a.plot(ks, [r["updates_per_hour"] for r in rows], marker="o")
-    for r in rows:
-        if _finite(r["ratio_to_first_k"]):
-            a.annotate(
-                f"{r['ratio_to_first_k']:.2f}x",
-                (r["k"], r["updates_per_hour"]),
-                fontsize=8,
-                textcoords="offset points",
-                xytext=(0, 6),
-                ha="center",
-            )
-    a.margins(y=0.2)
-    a.set_title("updates/hour vs k (ratio to first k)")
-    a.set_xlabel("staleness k")
-    ax[0][1].plot(ks, [r["trainer_wait_share"] for r in rows], marker="o", color="C3")
-    ax[0][1].set_title("trainer wait share vs k")
-    ax[0][1].set_xlabel("staleness k")
-    ax[0][2].plot(ks, [r["heldout_kl_end"] for r in rows], marker="o", color="C2")
-    ax[0][2].set_title("held-out KL at the end vs k")
-    ax[0][2].set_xlabel("staleness k")
-    for a in ax[0]:
-        a.grid(alpha=0.3)
-    return _png(fig)
-
-
-# ---------------------------------------------------------------- page
 
 
 _CSS = """
@@ -471,7 +87,7 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     """Write the PNG plots and report.html for the runs under `paths`; returns the page's path."""
     given = [Path(p) for p in paths]
     run_dirs = expand_run_dirs(given)
-    runs = [load_run(p) for p in run_dirs]
+    runs = [Run(p) for p in run_dirs]
     out_dir = (
         Path(out)
         if out is not None
@@ -557,9 +173,10 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
             parts.append(f"<p class='note'>{html.escape(r.name)}: no spans recorded</p>")
 
     if is_sweep(runs):
-        srows = sweep_rows(runs)
+        srows = sweep_rows(sweep_order(runs))
+        plot_sweep(srows, out_dir / "sweep.png")
         parts.append("<h2>Sweep over staleness k</h2>")
-        parts.append(add("sweep", plot_sweep(srows), "sweep curve over k"))
+        parts.append(add("sweep", (out_dir / "sweep.png").read_bytes(), "sweep curve over k"))
         parts.append(_html_table(srows, list(srows[0])))
 
     admission = load_admission([*given, *run_dirs])

@@ -1,19 +1,26 @@
-"""Throughput curves: what a sweep over k measured, the knee of the curve, and its plot.
+"""Throughput curves: the table of a sweep over k, the knee of the curve, and its plot.
 
-Asynchrony pays until the trainer becomes the bottleneck (docs/DESIGN.md, "The study"). A sweep runs
-the same pipeline at several staleness bounds k and tabulates updates/hour (and its ratio
-to k = 0), the trainer's wait share, held-out KL at the end and at equal wall time, and
-d_stale. The knee: the smallest fixed k whose updates/hour is at least 95% of the best
-fixed k's; past it, more staleness buys less than 5% throughput. Pure functions over run
-records (metrics and held-out rows); matplotlib is imported only to draw.
+Asynchrony pays until the trainer becomes the bottleneck (docs/DESIGN.md, "The study"). A
+sweep runs the same pipeline at several staleness bounds k (`opdflow sweep`; the report
+finds one among any runs that differ in k) and tabulates, per run: updates/hour (and its
+ratio to k = 0), the trainer's wait share, held-out KL at the start, the end and at equal
+wall time, d_stale. The knee: the smallest fixed k whose updates/hour is at least 95% of
+the best fixed k's; past it, more staleness buys less than 5% throughput. The numbers come
+from each run's records (analysis/runs.py), so any finished run directory has a row;
+matplotlib is imported only to draw.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 from typing import Any
+
+from opdflow.analysis.bottleneck import run_shares
+from opdflow.analysis.calibration import pooled_over_steps
+from opdflow.analysis.curves import heldout_curve, kl_at_time, kl_curve
+from opdflow.analysis.runs import Run
+from opdflow.core.policy import ADAPTIVE, k_label
 
 KNEE_SHARE = 0.95
 """A k is on the flat part of the curve when it reaches this share of the best updates/hour."""
@@ -28,68 +35,59 @@ def knee(updates_per_hour: dict[int, float], share: float = KNEE_SHARE) -> int |
     return min(k for k, u in finite.items() if u >= share * best)
 
 
-def kl_curve(metrics: list[dict], heldout: list[dict]) -> list[tuple[float, float]]:
-    """(wall seconds, pooled held-out KL) per evaluated version; version v exists from the
-    end of step v - 1 (version 0 at time 0)."""
-    end_of_step = {r["step"]: r["time_s"] for r in metrics}
-    pooled: dict[int, list[float]] = {}
-    for r in heldout:
-        acc = pooled.setdefault(r["version"], [0.0, 0.0])
-        acc[0] += r["kl_sum"]
-        acc[1] += r["tokens"]
-    out = []
-    for v in sorted(pooled):
-        t = 0.0 if v == 0 else end_of_step.get(v - 1)
-        if t is not None:
-            out.append((t, pooled[v][0] / max(pooled[v][1], 1.0)))
-    return out
+def is_sweep(runs: list[Run]) -> bool:
+    """Several runs that differ in staleness (fixed k, or the adaptive policy)."""
+    return len(runs) >= 2 and len({r.k_token for r in runs}) >= 2
 
 
-def kl_at_time(curve: list[tuple[float, float]], t: float) -> float:
-    """Held-out KL at wall time t, linear between evaluations (nan outside them)."""
-    if not curve or t < curve[0][0] or t > curve[-1][0]:
-        return float("nan")
-    for (t0, y0), (t1, y1) in itertools.pairwise(curve):
-        if t0 <= t <= t1:
-            return y0 if t1 == t0 else y0 + (y1 - y0) * (t - t0) / (t1 - t0)
-    return curve[-1][1]
+def sweep_order(runs: list[Run]) -> list[Run]:
+    """Fixed k ascending, then the adaptive runs."""
+    return sorted(runs, key=lambda r: (r.k_token == ADAPTIVE, r.k if r.k is not None else -1))
 
 
-def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One table row per run. Each run: label, policy, summary, metrics, heldout."""
-    curves = [kl_curve(r["metrics"], r["heldout"]) for r in runs]
-    walls = [r["metrics"][-1]["time_s"] for r in runs]
-    t_equal = min(walls)
-    fixed_uph = {
-        r["summary_k"]: r["summary"]["updates_per_hour"] for r in runs if r["policy"] == "fixed"
-    }
-    base = fixed_uph.get(0, float("nan"))
+def sweep_rows(runs: list[Run]) -> list[dict[str, Any]]:
+    """One table row per run, in the given order (the sweep's, or `sweep_order`).
+
+    The trainer's wait share, like updates/hour, leaves the warm-up steps out; d_stale is
+    pooled over tokens; held-out KL at equal time is read at the shortest run's wall time.
+    """
+    nan = float("nan")
+
+    def last(r: Run, key: str) -> Any:
+        return r.metrics[-1].get(key, nan) if r.metrics else nan
+
+    walls = [last(r, "time_s") for r in runs]
+    t_equal = min(walls, default=nan)
+    fixed = [r for r in runs if r.k_token != ADAPTIVE]
+    fixed_uph = {int(r.k or 0): last(r, "updates_per_hour") for r in fixed}
+    base = fixed_uph.get(0, nan)
     k_knee = knee(fixed_uph)
     rows = []
-    for r, curve, wall in zip(runs, curves, walls):
-        s, m = r["summary"], r["metrics"]
-        ks = [row["k"] for row in m]
+    for r, wall in zip(runs, walls):
+        m, token, uph = r.metrics, r.k_token, last(r, "updates_per_hour")
+        ks = [row["k"] for row in m if "k" in row]
+        curve = heldout_curve(r.heldout)
         rows.append(
             {
-                "run": r["label"],
-                "policy": r["policy"],
-                "k": r["summary_k"],
-                "k_final": ks[-1],
-                "k_mean": sum(ks) / len(ks),
-                "steps": s["steps"],
-                "updates_per_hour": s["updates_per_hour"],
-                "ratio_to_k0": s["updates_per_hour"] / base if base else float("nan"),
-                "trainer_wait_share": s["trainer_wait_share"],
-                "heldout_kl_start": s["heldout_kl_start"],
-                "heldout_kl_end": s["heldout_kl_end"],
-                "heldout_kl_equal_time": kl_at_time(curve, t_equal),
+                "run": "?" if token is None else k_label(token),
+                "policy": ADAPTIVE if token == ADAPTIVE else "fixed",
+                "k": -1 if token == ADAPTIVE else r.k,
+                "k_final": ks[-1] if ks else r.k,
+                "k_mean": sum(ks) / len(ks) if ks else nan,
+                "steps": len(m),
+                "updates_per_hour": uph,
+                "ratio_to_k0": uph / base if base else nan,
+                "trainer_wait_share": run_shares(r).trainer_wait,
+                "heldout_kl_start": curve[0][1] if curve else nan,
+                "heldout_kl_end": curve[-1][1] if curve else nan,
+                "heldout_kl_equal_time": kl_at_time(kl_curve(m, r.heldout), t_equal),
                 "equal_time_s": t_equal,
-                "d_stale_k1": s["d_stale_k1"],
-                "max_staleness": s["max_staleness"],
-                "dropped_batches": s["dropped_batches"],
+                "d_stale_k1": pooled_over_steps(m, "d_stale_k1"),
+                "max_staleness": max((int(x["staleness"]) for x in m), default=0),
+                "dropped_batches": int(m[-1].get("dropped", 0)) if m else 0,
                 "wall_s": wall,
-                "knee": r["policy"] == "fixed" and r["summary_k"] == k_knee,
-                "run_dir": s["run_dir"],
+                "knee": token != ADAPTIVE and r.k == k_knee,
+                "run_dir": str(r.path),
             }
         )
     return rows
@@ -103,8 +101,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fixed = sorted((r for r in rows if r["policy"] == "fixed"), key=lambda r: r["k"])
-    adaptive = [r for r in rows if r["policy"] == "adaptive"]
+    fixed = sorted((r for r in rows if r["policy"] != ADAPTIVE), key=lambda r: r["k"])
+    adaptive = [r for r in rows if r["policy"] == ADAPTIVE]
     ks = [r["k"] for r in fixed]
     k_knee = next((r["k"] for r in fixed if r["knee"]), None)
     fig, ax = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)

@@ -1,8 +1,9 @@
 """What a person sees during and after a run: a progress bar and the closing summary.
 
-Also where a run starts, resumes and ends for a person: a run that fails before its first
-step leaves no directory behind; a stage failure or a requested stop ends with one clear
-line (and, for a stop, how to resume), not a traceback.
+`opdflow run` trains through a driver Session (which creates, resumes and cleans up the
+run directory); here it is shown: the header, the progress line, the summary table, and a
+stage failure or a requested stop as one clear line (for a stop, how to resume), not a
+traceback.
 
 The progress line is composed here, not by rich's fixed columns: in an 80-column terminal
 rich cut every column short ("60…  0:0…"). `progress_line` keeps the step count, the
@@ -12,20 +13,38 @@ is narrow (the bar shrinks, then stale, wait, d_engine go, then the bar, then th
 
 from __future__ import annotations
 
+import contextlib
 import math
-import shutil
 import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, ProgressColumn, Task
 from rich.table import Table
 from rich.text import Text
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from opdflow.driver.session import Outcome
 
 
-def _fmt(x: float, spec: str = ".4f") -> str:
+def fmt(x: float | None, spec: str = ".4f") -> str:
+    """`x` formatted with `spec`; 'n/a' for None or NaN."""
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def duration(s: float) -> str:
+    """'42 s', '3.5 min', '2.1 h'; 'n/a' when not finite."""
+    if not math.isfinite(s):
+        return "n/a"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
 
 
 BAR_MIN, BAR_MAX = 10, 40
@@ -92,11 +111,33 @@ class LineColumn(ProgressColumn):
 def step_fields(row: dict, heldout_kl: float) -> list[str]:
     """Progress fields of a metrics row, most useful first (dropped from the end)."""
     return [
-        f"held-out KL {_fmt(heldout_kl)}",
-        f"d_engine {_fmt(row.get('d_engine_k1'), '.2e')}",
+        f"held-out KL {fmt(heldout_kl)}",
+        f"d_engine {fmt(row.get('d_engine_k1'), '.2e')}",
         f"wait {row.get('trainer_wait_s', float('nan')):.2f}s",
         f"stale {row.get('staleness', '?')}",
     ]
+
+
+class RunLines:
+    """What a person sees of a batch of runs (a sweep, calibrate --short's ladder): a status
+    line while each trains, then one line (a driver.session.Watch)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    @contextlib.contextmanager
+    def running(self, label: str, cfg: PipelineConfig) -> Iterator[Callable[[dict], None]]:
+        steps, text = cfg.train.steps, escape(label)
+        with self.console.status(f"{text}: {steps} steps") as status:
+            yield lambda row: status.update(f"{text}: step {row['step'] + 1}/{steps}")
+
+    def done(self, label: str, outcome: Outcome) -> None:
+        path, steps = outcome.run.path, outcome.summary["steps"]
+        if outcome.reused:
+            line = f"{label}: reusing the finished run {path}"
+        else:
+            line = f"{label}: {steps} steps in {duration(outcome.seconds)} -> {path}"
+        self.console.print(escape(line))
 
 
 def make_progress(console: Console) -> Progress:
@@ -104,96 +145,50 @@ def make_progress(console: Console) -> Progress:
     return Progress(LineColumn(console), console=console)
 
 
-def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _diff(va, vb, f"{prefix}{key}.")
-        elif va != vb:
-            out.append(f"{prefix}{key} ({va!r} in the run, {vb!r} now)")
-    return out
-
-
-def open_resume(cfg: PipelineConfig, path: str):
-    """The run directory and checkpoint to continue; the config must match the run's."""
-    from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
-    from opdflow.runtime.rundir import RunDir
-
-    run = RunDir.open(path)
-    saved, now = run.config(), cfg.to_dict()
-    for d in (saved, now):
-        d.pop("run_dir", None)
-        d["train"].pop("steps", None)
-        d["resources"]["learner"].pop("workers", None)  # checkpoints reshard: any N resumes
-    changed = _diff(saved, now)
-    if changed:
-        raise ConfigError(
-            f"--resume {path}: the pipeline differs from the run's config.json in "
-            + "; ".join(changed)
-        )
-    root = checkpoints_dir(run.path, cfg.reliability.checkpoint_dir)
-    ckpt = load_latest(root)
-    if ckpt is None:
-        raise ConfigError(f"--resume {path}: no complete checkpoint in {root}; start a new run")
-    return run, ckpt
-
-
 def run_with_progress(
     cfg: PipelineConfig, run_dir: str | None = None, resume: str | None = None
 ) -> dict:
-    """Run a pipeline with a live progress bar; print and return its summary."""
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir
+    """Run a pipeline in a driver Session with a live progress line; print and return its
+    summary. A stop exits 130 and a stage failure 1, each with one line."""
+    from opdflow.driver.session import Session
     from opdflow.runtime.supervisor import StageFailed, StopRequested
-    from opdflow.runtime.trackers import check_trackers
-    from opdflow.testbed.models import check_checkpoints
 
-    check_checkpoints(cfg)  # bad input is refused before a run directory, a sink or Ray exists
-    check_trackers(cfg)
-    if cfg.engine.kind == "vllm":
-        from opdflow.engines.vllm_engine import check_vllm_version, installed_vllm
-
-        check_vllm_version(installed_vllm())
     console = Console(stderr=True)
-    if resume:
-        run, ckpt = open_resume(cfg, resume)
-    else:
-        run, ckpt = RunDir.create(cfg, run_dir), None
-    first = ckpt.step if ckpt else 0
-    console.print(
-        f"[bold]opdflow[/bold] {cfg.name}: recipe={cfg.engine.recipe} k={cfg.staleness.k} "
-        f"({cfg.staleness.policy}) steps={cfg.train.steps}"
-        + (f" resuming at step {first}" if ckpt else "")
-        + f" -> {run.path}"
-    )
-    last_kl = {"v": float("nan")}
+    shown: dict = {"run": run_dir or resume, "kl": float("nan")}
+    stack = contextlib.ExitStack()  # the progress line, from the header to the end
+
+    def on_open(run, ckpt) -> None:  # the run directory exists: header, then the progress line
+        first = ckpt.step if ckpt else 0
+        console.print(
+            f"[bold]opdflow[/bold] {cfg.name}: recipe={cfg.engine.recipe} k={cfg.staleness.k} "
+            f"({cfg.staleness.policy}) steps={cfg.train.steps}"
+            + (f" resuming at step {first}" if ckpt else "")
+            + f" -> {run.path}"
+        )
+        progress = stack.enter_context(make_progress(console))
+        task = progress.add_task(
+            "starting stages", total=cfg.train.steps, completed=first, fields=[]
+        )
+        shown.update(run=run.path, progress=progress, task=task)
+
+    def on_step(row: dict) -> None:
+        if not math.isnan(row.get("heldout_kl", float("nan"))):
+            shown["kl"] = row["heldout_kl"]
+        shown["progress"].update(
+            shown["task"], advance=1, description="training", fields=step_fields(row, shown["kl"])
+        )
+
     try:
-        with make_progress(console) as progress:
-            task = progress.add_task(
-                "starting stages", total=cfg.train.steps, completed=first, fields=[]
-            )
-
-            def on_step(row: dict) -> None:
-                if not math.isnan(row.get("heldout_kl", float("nan"))):
-                    last_kl["v"] = row["heldout_kl"]
-                progress.update(
-                    task, advance=1, description="training", fields=step_fields(row, last_kl["v"])
-                )
-
-            summary = run_pipeline(cfg, run, on_step, resume=ckpt)
+        with Session(log=lambda m: console.print(f"[dim]{m}[/dim]")) as session, stack:
+            outcome = session.run(cfg, run_dir, resume=resume, on_open=on_open, on_step=on_step)
     except StopRequested as exc:
         console.print(f"[yellow]{exc}[/yellow]")
         sys.exit(130)
     except StageFailed as exc:
-        console.print(f"[red]error: {exc}[/red] (run directory: {run.path})")
+        console.print(f"[red]error: {exc}[/red] (run directory: {shown['run']})")
         sys.exit(1)
-    except BaseException:
-        if ckpt is None and not run.metrics:  # nothing trained: leave nothing half-written
-            shutil.rmtree(run.path, ignore_errors=True)
-        raise
-    print_summary(summary, console)
-    return summary
+    print_summary(outcome.summary, console)
+    return outcome.summary
 
 
 def accuracy_change(s: dict) -> str:
@@ -231,22 +226,22 @@ def print_summary(s: dict, console: Console | None = None) -> None:
     verdict = "lower: the student approached the teacher" if change < 0 else "NOT lower"
     t.add_row(
         "held-out KL (start -> end)",
-        f"{_fmt(s['heldout_kl_start'])} -> {_fmt(s['heldout_kl_end'])} ({change:+.1%}, {verdict})",
+        f"{fmt(s['heldout_kl_start'])} -> {fmt(s['heldout_kl_end'])} ({change:+.1%}, {verdict})",
     )
     t.add_row("held-out accuracy (start -> end)", accuracy_change(s))
     t.add_row("learner steps", str(s["steps"]))
-    t.add_row("updates/hour (after warm-up)", _fmt(s["updates_per_hour"], ".0f"))
+    t.add_row("updates/hour (after warm-up)", fmt(s["updates_per_hour"], ".0f"))
     t.add_row(
         "trainer wait (mean / share)",
         f"{s['trainer_wait_s_mean']:.3f} s / {s['trainer_wait_share']:.1%}",
     )
     t.add_row(
         "d_engine nats/token (k1 / k3 / exact)",
-        f"{_fmt(s['d_engine_k1'], '.2e')} / {_fmt(s['d_engine_k3'], '.2e')} / {_fmt(s['d_engine_exact'], '.2e')}",
+        f"{fmt(s['d_engine_k1'], '.2e')} / {fmt(s['d_engine_k3'], '.2e')} / {fmt(s['d_engine_exact'], '.2e')}",
     )
     t.add_row(
         "d_stale nats/token (k1 / k3)",
-        f"{_fmt(s['d_stale_k1'], '.2e')} / {_fmt(s['d_stale_k3'], '.2e')}",
+        f"{fmt(s['d_stale_k1'], '.2e')} / {fmt(s['d_stale_k3'], '.2e')}",
     )
     t.add_row("max staleness / dropped batches", f"{s['max_staleness']} / {s['dropped_batches']}")
     t.add_row("stage restarts", restarts_line(s))

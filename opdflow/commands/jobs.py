@@ -19,27 +19,21 @@ from typing import Any
 
 import click
 
+from opdflow.commands.options import (
+    address_option,
+    pipeline_argument,
+    set_option,
+    steps_option,
+    token_option,
+)
+
 SUMMARY_MARK = "OPDFLOW_SUMMARY_JSON: "
 """Prefix of the one log line that carries the run summary back to `submit --wait`."""
 TAIL_LINES = 40
 """Lines of a failed job's logs shown with the error."""
 
-_address_option = click.option(
-    "--address",
-    envvar="RAY_ADDRESS",
-    default=None,
-    metavar="URL",
-    help="Ray dashboard (Jobs API) address, e.g. http://HEAD:8265 (default: $RAY_ADDRESS).",
-)
-_token_option = click.option(
-    "--token",
-    default=None,
-    metavar="TOKEN",
-    help="Ray auth token of the cluster (sets RAY_AUTH_MODE=token and RAY_AUTH_TOKEN).",
-)
 
-
-def _client(address: str | None, token: str | None = None) -> Any:
+def job_client(address: str | None, token: str | None = None) -> Any:
     """A JobSubmissionClient for an explicit address, or a one-line error saying what to fix."""
     if not address:
         raise click.UsageError(
@@ -135,17 +129,11 @@ def wait_for_job(
 
 
 @click.command()
-@click.argument("pipeline")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="FIELD=VALUE",
-    help="Override a config field, e.g. --set train.lr=3e-4 (repeatable).",
-)
-@click.option("--steps", type=int, default=None, help="Learner steps (overrides train.steps).")
-@_address_option
-@_token_option
+@pipeline_argument
+@set_option
+@steps_option
+@address_option
+@token_option
 @click.option(
     "--wait/--no-wait",
     default=True,
@@ -174,13 +162,13 @@ def submit(
     pip: tuple[str, ...],
 ) -> None:
     """Submit PIPELINE (path.py[:function]) as a Ray job; prints the job id."""
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     overrides = overrides + ((f"train.steps={steps}",) if steps is not None else ())
     cfg = load_pipeline(pipeline, list(overrides))  # fail here, not on the cluster
     path_text, _, func = pipeline.partition(":")
     path = Path(path_text).resolve()
-    client = _client(address, token)
+    client = job_client(address, token)
     job_id = client.submit_job(
         entrypoint=entrypoint(path.name + (f":{func}" if func else ""), overrides, run_dir),
         runtime_env=runtime_env(path.parent, ship_opdflow, pip),
@@ -211,11 +199,11 @@ def _report_end(job_id: str, status: str, logs: str, client: Any) -> None:
 
 @click.command()
 @click.argument("job_id")
-@_address_option
-@_token_option
+@address_option
+@token_option
 def status(job_id: str, address: str | None, token: str | None) -> None:
     """Print the status of a submitted job (and its summary once it succeeded)."""
-    client = _client(address, token)
+    client = job_client(address, token)
     try:
         info = client.get_job_info(job_id)
     except RuntimeError as exc:
@@ -234,12 +222,12 @@ def status(job_id: str, address: str | None, token: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
-@_address_option
-@_token_option
+@address_option
+@token_option
 @click.option("--follow", "-f", is_flag=True, help="Stream new lines until the job ends.")
 def logs(job_id: str, address: str | None, token: str | None, follow: bool) -> None:
     """Print a submitted job's logs."""
-    client = _client(address, token)
+    client = job_client(address, token)
     try:
         if follow:
             _follow_logs(client, job_id, sys.stdout)
@@ -251,11 +239,11 @@ def logs(job_id: str, address: str | None, token: str | None, follow: bool) -> N
 
 @click.command()
 @click.argument("job_id")
-@_address_option
-@_token_option
+@address_option
+@token_option
 def stop(job_id: str, address: str | None, token: str | None) -> None:
     """Stop a submitted job."""
-    client = _client(address, token)
+    client = job_client(address, token)
     try:
         stopped = client.stop_job(job_id)
     except RuntimeError as exc:
@@ -264,13 +252,13 @@ def stop(job_id: str, address: str | None, token: str | None) -> None:
 
 
 @click.command(name="job-entry", hidden=True)
-@click.argument("pipeline")
-@click.option("--set", "overrides", multiple=True)
+@pipeline_argument
+@set_option
 @click.option("--run-dir", default=None)
 def job_entry(pipeline: str, overrides: tuple[str, ...], run_dir: str | None) -> None:
     """What a submitted job runs on the cluster: `opdflow run` plus the summary line."""
     from opdflow.commands.console import run_with_progress
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     summary = run_with_progress(load_pipeline(pipeline, list(overrides)), run_dir)
     print(SUMMARY_MARK + json.dumps(summary, default=str), flush=True)

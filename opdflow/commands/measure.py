@@ -10,6 +10,8 @@ import math
 
 import click
 
+from opdflow.commands.options import pipeline_argument, seed_option, set_option
+
 
 def _fmt(x: float, spec: str = ".2e") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
@@ -36,7 +38,7 @@ def measurement_table(measurements, title: str):
 
 
 _common = [
-    click.argument("pipeline"),
+    pipeline_argument,
     click.option(
         "--prompts",
         "num_prompts",
@@ -48,14 +50,8 @@ _common = [
     click.option(
         "--responses", type=int, default=4, show_default=True, help="Responses per prompt."
     ),
-    click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed."),
-    click.option(
-        "--set",
-        "overrides",
-        multiple=True,
-        metavar="FIELD=VALUE",
-        help="Override a config field (repeatable).",
-    ),
+    seed_option,
+    set_option,
 ]
 
 
@@ -84,7 +80,7 @@ def measure(pipeline, num_prompts, responses, seed, overrides, recipes, out) -> 
     from rich.console import Console
 
     from opdflow.analysis.measure import measure_recipes, write_measurements
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     cfg = load_pipeline(pipeline, list(overrides))
     err = Console(stderr=True)
@@ -125,7 +121,7 @@ def attribute(pipeline, num_prompts, responses, seed, overrides, recipe, budget,
     from rich.table import Table
 
     from opdflow.analysis.attribution import attribute as run_attribution
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
 
     cfg = load_pipeline(pipeline, list(overrides))
     err, con = Console(stderr=True), Console(width=max(Console().width, 130))

@@ -1,42 +1,27 @@
-"""`opdflow compare`, `opdflow admit`, `opdflow calibrate`: the quality rule, the admission
-check and budget calibration on the command line (logic in quality/admission/calibration.py)."""
+"""`opdflow compare` and `opdflow admit`: the quality rule and the admission check on the
+command line (logic in analysis/quality.py and analysis/admission.py; calibrate.py derives
+the budget line admit reads)."""
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 import click
+
+from opdflow.commands.options import (
+    json_option,
+    pipeline_argument,
+    seed_option,
+    set_option,
+    tau_option,
+)
 
 
 def _console(err: bool = False):
     from rich.console import Console
 
     return Console(stderr=err)
-
-
-def _f(x: float | None, spec: str = ".4g") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def _dur(s: float) -> str:
-    if not math.isfinite(s):
-        return "n/a"
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
-_tau = click.option(
-    "--tau",
-    type=float,
-    default=0.20,
-    show_default=True,
-    help="Quality tolerance: a run fails at Delta >= tau (with the interval excluding 0).",
-)
 
 
 # ---------------------------------------------------------------- compare
@@ -73,12 +58,12 @@ def _print_verdict(v) -> None:
 @click.command()
 @click.argument("run_std", type=click.Path())
 @click.argument("run_c", type=click.Path())
-@_tau
+@tau_option
 @click.option(
     "--acc-drop", type=float, default=0.05, show_default=True, help="Accuracy points that count."
 )
 @click.option("--version", type=int, default=None, help="Held-out version (default: the final).")
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON on stdout.")
+@json_option("the verdict")
 def compare(
     run_std: str, run_c: str, tau: float, acc_drop: float, version: int | None, as_json: bool
 ) -> None:
@@ -102,22 +87,15 @@ def compare(
 
 
 def _canonical(recipe: str) -> str:
-    from opdflow.engines.recipes import parse_recipe
+    from opdflow.core.recipe import parse_recipe
 
     return parse_recipe(recipe).text
 
 
-def _quiet() -> None:
-    import os
-
-    from opdflow.runtime.cluster import QUIET_ENV
-
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
-
-
 def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> None:
     from rich.table import Table
+
+    from opdflow.commands.console import duration
 
     t = Table(title=f"admission check: {cfg.name} (L = {budget.line:.4g}, alpha = {alpha:g})")
     for col in ("recipe", "D_hat nats/tok", "95% CI", "alpha*D_hat", "decision", "tokens"):
@@ -133,8 +111,8 @@ def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> Non
             f"{d.alpha * d.d_hat:.4g}",
             f"[bold {color}]{d.decision}[/]" + (" (borderline)" if d.borderline else ""),
             str(d.tokens),
-            _dur(d.seconds),
-            ("~ " if d.full_run_is_rough else "") + _dur(d.full_run_s),
+            duration(d.seconds),
+            ("~ " if d.full_run_is_rough else "") + duration(d.full_run_s),
         )
     c = _console()
     c.print(t)
@@ -147,9 +125,11 @@ def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> Non
     )
     total = sum(d.seconds for d in decisions)
     fulls = sorted(d.full_run_s for d in decisions)
-    span = _dur(fulls[0]) if fulls[0] == fulls[-1] else f"{_dur(fulls[0])} to {_dur(fulls[-1])}"
+    span = duration(fulls[0])
+    if fulls[0] != fulls[-1]:
+        span += f" to {duration(fulls[-1])}"
     c.print(
-        f"checking {len(decisions)} candidate(s) took {_dur(total)}; one full run of "
+        f"checking {len(decisions)} candidate(s) took {duration(total)}; one full run of "
         f"{cfg.train.steps} steps takes about {span} (train.steps x responses/step x "
         f"seconds/response, without actor start-up; seconds/response {speed_source})."
     )
@@ -157,6 +137,8 @@ def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> Non
 
 def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str) -> None:
     from rich.table import Table
+
+    from opdflow.commands.console import fmt
 
     t = Table(title=f"drift: online D in {run_path} vs admission D_hat = {d_hat:.4g} ({recipe})")
     for col in (
@@ -172,9 +154,9 @@ def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str
         label = "all" if i == len(windows) - 1 else f"{w.first_step}-{w.last_step}"
         t.add_row(
             label,
-            _f(w.d_engine),
+            fmt(w.d_engine, ".4g"),
             f"{w.ratio_engine:.2f}x",
-            _f(w.d_total),
+            fmt(w.d_total, ".4g"),
             f"{w.ratio_total:.2f}x",
             "[red]PAST MARGIN[/]" if w.past_margin else "ok",
         )
@@ -186,7 +168,7 @@ def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str
 
 
 @click.command()
-@click.argument("pipeline")
+@pipeline_argument
 @click.option("--recipe", "recipes", multiple=True, required=True, help="Candidate (repeatable).")
 @click.option("--budget", "line", type=float, default=None, help="The line L, nats/token.")
 @click.option(
@@ -195,15 +177,15 @@ def _drift_table(windows, d_hat: float, alpha: float, run_path: str, recipe: str
 @click.option("--alpha", type=float, default=1.5, show_default=True, help="Safety margin.")
 @click.option("--prompts", type=int, default=16, show_default=True, help="Problems measured.")
 @click.option("--responses", type=int, default=2, show_default=True, help="Responses per problem.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@seed_option
 @click.option(
     "--against",
     type=click.Path(),
     default=None,
     help="A finished run: report its online D vs this estimate (drift).",
 )
-@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
-@click.option("--json", "as_json", is_flag=True, help="Print decisions as JSON on stdout.")
+@set_option
+@json_option("the decisions")
 def admit(
     pipeline: str,
     recipes: tuple[str, ...],
@@ -225,9 +207,11 @@ def admit(
 
     from opdflow.analysis.admission import decide, drift_report, load_budget
     from opdflow.analysis.measure import measure_recipes
-    from opdflow.config import load_pipeline
+    from opdflow.commands.console import duration
+    from opdflow.config.loader import load_pipeline
+    from opdflow.runtime.cluster import quiet_env
 
-    _quiet()
+    quiet_env()
     cfg = load_pipeline(pipeline, list(overrides))
     budget = load_budget(budget_file, line)
     err = Console(stderr=True)
@@ -276,7 +260,7 @@ def admit(
         decisions.append(d)
         err.print(
             f"[{i}/{n}] {d.recipe}: D_hat {d.d_hat:.4g} [{d.ci_low:.4g}, {d.ci_high:.4g}] "
-            f"-> {d.decision} ({_dur(d.seconds)})"
+            f"-> {d.decision} ({duration(d.seconds)})"
         )
     drift = None
     if run is not None:
@@ -299,186 +283,3 @@ def admit(
         if drift:
             _drift_table(drift[1], drift[0].d_hat, alpha, str(drift[2].path), drift[0].recipe)
     sys.exit(0 if all(d.admit for d in decisions) else 1)
-
-
-# ---------------------------------------------------------------- calibrate
-
-
-def _points_table(points, title: str, console) -> None:
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("run", "recipe", "D (d_total)", "d_engine", "Delta", "KL diff 95% CI", "verdict"):
-        t.add_column(col, justify="left" if col in ("run", "recipe") else "right")
-    for p in sorted(points, key=lambda p: p.d):
-        t.add_row(
-            p.run,
-            p.recipe,
-            _f(p.d),
-            _f(p.d_engine),
-            f"{p.delta:+.1%}",
-            f"[{p.diff_low:+.4f}, {p.diff_high:+.4f}]",
-            "[red]FAIL[/]" if p.fails else "[green]PASS[/]",
-        )
-    console.print(t)
-
-
-def _run_short(pipeline: str, overrides, sigmas, steps: int, out_dir: str) -> tuple[str, list[str]]:
-    """Short runs along the noise ladder plus the bf16 standard; returns their directories.
-
-    A finished run already in out_dir with the same config is reused, not rerun."""
-    import time
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from opdflow.config import load_pipeline
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir, same_config
-
-    err = Console(stderr=True)
-    started = connect()
-    recipes = ["bf16"] + [f"noise({s:g})" for s in sigmas]
-    paths = []
-    try:
-        for i, recipe in enumerate(recipes, 1):
-            cfg = load_pipeline(
-                pipeline,
-                [
-                    *overrides,
-                    f"engine.recipe={recipe}",
-                    f"train.steps={steps}",
-                    f"eval.every={steps}",
-                ],
-            )
-            path = Path(out_dir) / recipe.replace("(", "-").replace(")", "")
-            if (path / "summary.json").is_file() and same_config(path, cfg):
-                err.print(f"[{i}/{len(recipes)}] {recipe}: reusing the finished run {path}")
-                paths.append(str(path))
-                continue
-            run = RunDir.create(cfg, path)
-            t0 = time.perf_counter()
-            tag = f"[{i}/{len(recipes)}] short run {recipe}"
-            with err.status(f"{tag}: {steps} steps") as status:
-                run_pipeline(
-                    cfg, run, lambda r, s=status, t=tag: s.update(f"{t}: step {r['step'] + 1}")
-                )
-            err.print(
-                f"[{i}/{len(recipes)}] {recipe}: {steps} steps in {_dur(time.perf_counter() - t0)} -> {path}"
-            )
-            paths.append(str(path))
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-    return paths[0], paths[1:]
-
-
-@click.command()
-@click.argument("runs", nargs=-1)
-@click.option("--std", "std_run", type=click.Path(), default=None, help="The standard (bf16) run.")
-@_tau
-@click.option("--out", type=click.Path(), default=None, help="Write the budget JSON here.")
-@click.option("--short", "short", is_flag=True, help="RUNS is one PIPELINE: run the short ladder.")
-@click.option(
-    "--sigmas",
-    default="0.5,1,2,4",
-    show_default=True,
-    help="--short: noise(sigma) ladder, comma-separated.",
-)
-@click.option("--steps", type=int, default=10, show_default=True, help="--short: steps per run.")
-@click.option(
-    "--runs-dir",
-    default="runs/calibrate-short",
-    show_default=True,
-    help="--short: where runs go (finished ones with the same config are reused).",
-)
-@click.option(
-    "--compare-budget",
-    type=click.Path(),
-    default=None,
-    help="--short: a budget file from full runs, to report how far the short L is from it.",
-)
-@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
-@click.option("--json", "as_json", is_flag=True, help="Print the budget JSON on stdout.")
-def calibrate(
-    runs: tuple[str, ...],
-    std_run: str | None,
-    tau: float,
-    out: str | None,
-    short: bool,
-    sigmas: str,
-    steps: int,
-    runs_dir: str,
-    compare_budget: str | None,
-    overrides: tuple[str, ...],
-    as_json: bool,
-) -> None:
-    """Derive the budget line L from finished runs (RUN ... --std RUN_STD), or from short
-    runs along the noise ladder (--short PIPELINE). Writes --out for `opdflow admit`."""
-    from opdflow.analysis.calibration import (
-        budget_dict,
-        crossing_line,
-        derive_bracket,
-        points_from_runs,
-        step_cost,
-        write_budget,
-    )
-    from opdflow.analysis.quality import load_run
-    from opdflow.config import ConfigError
-
-    c = _console(err=as_json)  # with --json, stdout carries only the JSON
-    if short:
-        if len(runs) != 1 or std_run:
-            raise click.UsageError("--short takes exactly one PIPELINE and no --std")
-        try:
-            ladder = sorted(float(s) for s in sigmas.split(",") if s.strip())
-        except ValueError as exc:
-            raise ConfigError(f"--sigmas {sigmas!r}: expected numbers, e.g. 0.5,1,1.5") from exc
-        if not ladder or steps < 1:
-            raise ConfigError("--short needs at least one sigma and --steps >= 1")
-        std_run, run_list = _run_short(runs[0], overrides, ladder, steps, runs_dir)
-    else:
-        if not std_run or not runs:
-            raise click.UsageError("give finished runs and the standard one: RUN ... --std RUN_STD")
-        run_list = list(runs)
-    points = points_from_runs(std_run, run_list, tau)
-    bracket = derive_bracket(points)
-    std = load_run(std_run)
-    cost = step_cost(
-        std.metrics,
-        std.config["data"]["prompts_per_step"] * std.config["data"]["responses_per_prompt"],
-    )
-    _points_table(
-        points,
-        f"calibration against {std_run} (tau = {tau:.0%}; D = token-pooled d_total_k1 over training)",
-        c,
-    )
-    c.print(f"bracket: {bracket.message}")
-    line = bracket.line
-    method = "runs"
-    if short:
-        method = "short"
-        line, msg = crossing_line(points, tau)
-        c.print(f"short calibration: {msg}")
-        if compare_budget and line is not None:
-            from opdflow.analysis.admission import load_budget
-
-            full = load_budget(compare_budget)
-            c.print(
-                f"vs full-run calibration {full.source}: L_short / L_full = "
-                f"{line:.4g} / {full.line:.4g} = {line / full.line:.2f}x"
-            )
-    budget = budget_dict(bracket, points, tau, std_run, method, line, cost)
-    if as_json:
-        click.echo(json.dumps(budget, indent=2))
-    if out:
-        if budget["line_nats"] is None:
-            c.print(f"[red]no line L: nothing written to {out}[/]")
-            sys.exit(1)
-        write_budget(out, budget)
-        c.print(f"wrote {out}: L = {budget['line_nats']:.4g} nats/token ({budget['choice']})")
-    if budget["line_nats"] is None:
-        sys.exit(1)

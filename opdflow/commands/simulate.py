@@ -13,10 +13,12 @@ from pathlib import Path
 
 import click
 
+from opdflow.commands.options import ks_option
+
 
 def parse_ints(text: str, option: str) -> list[int]:
     """'4,8,16' -> [4, 8, 16] with errors naming the option and the bad item."""
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
@@ -36,13 +38,14 @@ def plot(results, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     from opdflow.analysis.simulator import SATURATED_WAIT_SHARE
+    from opdflow.core.policy import k_label
 
     ks = list(dict.fromkeys(r.config.k for r in results))
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for k in ks:
         rs = sorted((r for r in results if r.config.k == k), key=lambda r: r.config.generators)
         g = [r.config.generators for r in rs]
-        label = "adaptive" if k == "adaptive" else f"k={k}"
+        label = k_label(k)
         (line,) = ax[0].plot(g, [r.updates_per_hour for r in rs], "o-", label=label)
         ax[1].plot(g, [r.trainer_wait_share for r in rs], "o-", c=line.get_color(), label=label)
         sat = [r for r in rs if r.trainer_wait_share <= SATURATED_WAIT_SHARE]
@@ -86,9 +89,7 @@ def table(results, title: str):
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--generators", default="1,2,4,8", show_default=True, help="Replica counts G.")
-@click.option(
-    "--k", "ks", default="0,1,2,4,8", show_default=True, help="Staleness bounds; 'adaptive' too."
-)
+@ks_option
 @click.option("--batch", type=int, default=None, help="Prompts per step (default: the run's).")
 @click.option("--response-length-scale", type=float, default=1.0, show_default=True,
               help="Multiply every response length (and its cap).")  # fmt: skip
@@ -128,11 +129,11 @@ def simulate(
     from opdflow.analysis.simulator import (
         SATURATED_WAIT_SHARE,
         SimConfig,
-        StageTimes,
         grid,
         smallest_saturated,
     )
-    from opdflow.commands.sweep import parse_ks
+    from opdflow.analysis.stage_times import StageTimes
+    from opdflow.core.policy import parse_ks
 
     gs, kv = parse_ints(generators, "--generators"), parse_ks(ks)
     times = StageTimes.from_run(run_dir)

@@ -1,8 +1,9 @@
 """`opdflow study run` and `opdflow study render`: the paper's findings on the tiny models.
 
-`run` trains every arm of the plan in one Ray cluster (finished runs with the same config
-are reused, so an interrupted study continues where it stopped), makes the admission
-decisions before any training, runs the gradient probes, and writes results.json.
+`run` trains every arm of the plan in one driver Session (finished runs with the same
+config are reused and unfinished ones resumed, so an interrupted study continues where it
+stopped), makes the admission decisions before any training, runs the gradient probes,
+and writes results.json.
 `render` turns results.json into docs/STUDY.md with its tables and plots.
 """
 
@@ -11,10 +12,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from opdflow.commands.quality import _dur, _quiet
+from opdflow.commands.options import set_option, tau_option
+
+if TYPE_CHECKING:
+    from opdflow.driver.session import Session
+    from opdflow.study.plan import Arm, Scale
+    from opdflow.study.results import RunResult
 
 
 @click.group()
@@ -30,25 +37,28 @@ def study() -> None:
     default=None,
     help="Study directory (runs/ and results.json); default runs/study-{full,quick}.",
 )
-@click.option("--tau", type=float, default=0.20, show_default=True, help="Quality-rule tolerance.")
+@tau_option
 @click.option(
     "--line",
     type=float,
     default=None,
     help="Admission line L fixed before training (default: the tiny models' calibrated L).",
 )
-@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Config override.")
+@set_option
 def run_study(
     quick: bool, out: str | None, tau: float, line: float | None, overrides: tuple[str, ...]
 ) -> None:
     """Train every arm, decide admission first, probe gradients; write results.json."""
-    import ray
     from rich.console import Console
 
-    from opdflow.runtime.cluster import connect
-    from opdflow.study.plan import ADMISSION_LINE, StudyResults, bracket_of, claims, plan
+    from opdflow.commands.console import duration
+    from opdflow.driver.session import Session
+    from opdflow.runtime.cluster import quiet_env
+    from opdflow.study.claims import claims
+    from opdflow.study.plan import ADMISSION_LINE, plan
+    from opdflow.study.results import StudyResults, bracket_of, judge_all
 
-    _quiet()
+    quiet_env()
     err = Console(stderr=True)
     scale, arms = plan(quick)
     root = Path(out or f"runs/study-{scale.name}")
@@ -56,23 +66,20 @@ def run_study(
     t0 = time.perf_counter()
     res = StudyResults(scale=scale.__dict__, tau=tau, machine=_machine())
     admission = _admission(scale, arms, line or ADMISSION_LINE, overrides, err)
-    started = connect()
-    try:
-        res.runs = _train(scale, [(a, s) for a in arms for s in a.seeds], root, overrides, err)
-        _judge_all(res, tau)
+    with Session() as session:
+        todo = [(a, s) for a in arms for s in a.seeds]
+        res.runs = _train(session, scale, todo, root, overrides, err)
+        judge_all(res, tau)
         if scale.name == "full":  # a second seed where the first verdict is near tau
             again = [(a, 1) for a in _repeats(arms, res, tau)]
-            res.runs += _train(scale, again, root, overrides, err, "repeat ")
-            _judge_all(res, tau)
-    finally:
-        if started:
-            ray.shutdown()
+            res.runs += _train(session, scale, again, root, overrides, err, "repeat ")
+            judge_all(res, tau)
     res.bracket = bracket_of(res.runs)
     res.admission = _outcomes(admission, res)
     res.gradient = _probes(scale, res, overrides, err)
     res.claims = claims(res)
     (root / "results.json").write_text(json.dumps(res.to_dict(), indent=2, default=str))
-    err.print(f"study {scale.name}: {len(res.runs)} runs in {_dur(time.perf_counter() - t0)}")
+    err.print(f"study {scale.name}: {len(res.runs)} runs in {duration(time.perf_counter() - t0)}")
     for c in res.claims:
         mark = {True: "holds", False: "does not hold", None: "undecided"}[c.holds]
         err.print(f"  {c.number}. {c.finding}: {mark}. {c.found}")
@@ -85,7 +92,7 @@ def run_study(
 def render_study(results: str, docs: str) -> None:
     """Write DOCS/STUDY.md and DOCS/study/*.png from a results.json."""
     from opdflow.study.doc import render
-    from opdflow.study.plan import StudyResults
+    from opdflow.study.results import StudyResults
 
     res = StudyResults.from_dict(json.loads(Path(results).read_text()))
     path = render(res, Path(docs), source=results)
@@ -109,7 +116,7 @@ def _machine() -> dict:
 
 
 def _config(scale, arm, seed: int, overrides):
-    from opdflow.config import apply_overrides
+    from opdflow.config.overrides import apply_overrides
     from opdflow.testbed.tiny import worked
 
     return apply_overrides(worked(), [*arm.overrides(scale, seed), *overrides])
@@ -136,10 +143,10 @@ def _admission(scale, arms, line: float, overrides, err) -> list[dict]:
     return out
 
 
-def _train(scale, todo: list, root: Path, overrides, err, label: str = "") -> list:
-    """Train (or reuse) each (arm, seed) of `todo`, in the Ray cluster already connected."""
+def _train(session, scale, todo: list, root: Path, overrides, err, label: str = "") -> list:
+    """Train (or reuse) each (arm, seed) of `todo` in `session`."""
     return [
-        _train_one(scale, arm, seed, root, overrides, err, f"[{label}{i}/{len(todo)}]")
+        train_one(session, scale, arm, seed, root, overrides, err, f"[{label}{i}/{len(todo)}]")
         for i, (arm, seed) in enumerate(todo, 1)
     ]
 
@@ -162,75 +169,41 @@ def _repeats(arms, res, tau: float) -> list:
     ]
 
 
-def _train_one(scale, arm, seed: int, root: Path, overrides, err, tag: str):
+def train_one(
+    session: Session, scale: Scale, arm: Arm, seed: int, root: Path, overrides, err, tag: str
+) -> RunResult:
+    """Train one (arm, seed) in ROOT/runs/<arm>-seed<seed>, or reuse the finished run of the
+    same config there (a run of another config is refused, never overwritten)."""
     from rich.markup import escape
 
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir, same_config
-    from opdflow.study.plan import run_result
+    from opdflow.commands.console import duration
+    from opdflow.study.results import run_result
 
     cfg = _config(scale, arm, seed, overrides)
     path = root / "runs" / f"{arm.slug}-seed{seed}"
-    marker = path / "study.json"
-    if marker.is_file() and same_config(path, cfg):
-        seconds = json.loads(marker.read_text())["seconds"]
-        err.print(escape(f"{tag} {arm.name} seed {seed}: reusing {path}"))
-        return run_result(arm, seed, path, seconds)
-    if marker.is_file():
-        raise click.UsageError(
-            f"{path} holds a finished run made with another config (different --set?); "
-            "give the study another --out, or remove that directory to redo it"
-        )
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)  # a run this study started and did not finish: start it over
-    run = RunDir.create(cfg, path)
-    t0 = time.perf_counter()
     label = escape(f"{tag} {arm.name} seed {seed}")  # "[repeat 1/7]" is not rich markup
     with err.status(f"{label}: starting") as status:
-        run_pipeline(
+        out = session.run(
             cfg,
-            run,
-            lambda r: status.update(f"{label}: step {r['step'] + 1}/{scale.steps}"),
+            path,
+            reuse=True,
+            on_step=lambda r: status.update(f"{label}: step {r['step'] + 1}/{scale.steps}"),
         )
-    seconds = time.perf_counter() - t0
-    marker.write_text(json.dumps({"seconds": seconds}))
-    res = run_result(arm, seed, path, seconds)
-    err.print(
-        f"{label}: {_dur(seconds)}, D {res.d:.3g}, held-out KL {res.kl_start:.4f} -> "
-        f"{res.kl_final:.4f}, accuracy {res.acc_final:.1%}"
-    )
+    res = run_result(arm, seed, path, out.seconds)
+    if out.reused:
+        err.print(f"{label}: reusing {escape(str(path))}")
+    else:
+        err.print(
+            f"{label}: {duration(out.seconds)}, D {res.d:.3g}, held-out KL "
+            f"{res.kl_start:.4f} -> {res.kl_final:.4f}, accuracy {res.acc_final:.1%}"
+        )
     return res
-
-
-def _judge_all(res, tau: float) -> None:
-    """Judge every run not judged yet: OPD runs against the standard run of their seed and
-    learning rate; RL runs against the bf16 run of their objective (same loss, centering,
-    seed and learning rate)."""
-    from opdflow.study.plan import STANDARD, judge, rl_breaks
-
-    def base_of(r):
-        center = r.center and r.loss != "opd"  # OPD + centering is judged by the standard
-        want = (STANDARD, 0, r.loss, center, r.seed, r.lr)
-        return next(
-            (b for b in res.runs if (b.recipe, b.k, b.loss, b.center, b.seed, b.lr) == want),
-            None,
-        )
-
-    for r in res.runs:
-        base = base_of(r)
-        if r.verdict is not None or base is None or base is r:
-            continue
-        r.verdict = judge(r, base, tau)
-        if r.loss != "opd":
-            r.breaks = rl_breaks(r, base, r.verdict)
 
 
 def _outcomes(admission: list[dict], res) -> list[dict]:
     """Each admission decision next to the full-run verdict of its engine (k = 0, OPD)."""
     from opdflow.analysis.admission import admits
-    from opdflow.study.plan import arm_verdict, canonical
+    from opdflow.study.results import arm_verdict, canonical
 
     for a in admission:
         rs = [

@@ -1,12 +1,15 @@
 """`opdflow sweep`: one pipeline at several staleness bounds k, in one Ray cluster.
 
 Writes DIR/k<k>/ (a normal run directory per k), DIR/sweep.parquet (the table),
-DIR/sweep.png (the curves) and prints the table. The knee rule is in opdflow/analysis/throughput.py.
+DIR/sweep.png (the curves) and prints the table. The runs are driver/sweep.py's; the knee
+rule is in opdflow/analysis/throughput.py.
 """
 
 from __future__ import annotations
 
 import click
+
+from opdflow.commands.options import ks_option, pipeline_argument, set_option, steps_option
 
 _COLUMNS = [
     ("run", "run", "{}"),
@@ -22,116 +25,41 @@ _COLUMNS = [
 ]
 
 
-def parse_ks(text: str) -> list[int | str]:
-    """'0,1,2,adaptive' -> [0, 1, 2, 'adaptive'] with errors naming the bad item."""
-    from opdflow.config import ConfigError
-
-    out: list[int | str] = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        if item in ("adaptive", "a"):
-            out.append("adaptive")
-        elif item.isdigit():
-            out.append(int(item))
-        else:
-            raise ConfigError(
-                f"--k item {item!r} is not allowed: expected integers >= 0 or 'adaptive', "
-                "e.g. --k 0,1,2,4,8,adaptive"
-            )
-    if not out:
-        raise ConfigError("--k is empty: give staleness bounds, e.g. --k 0,1,2,4,8")
-    return out
-
-
 @click.command()
-@click.argument("pipeline")
-@click.option(
-    "--k",
-    "ks",
-    default="0,1,2,4,8",
-    show_default=True,
-    help="Staleness bounds to run; 'adaptive' adds the adaptive policy (k_max = largest k).",
-)
-@click.option("--steps", type=int, default=None, help="Learner steps per run (train.steps).")
+@pipeline_argument
+@ks_option
+@steps_option
 @click.option(
     "--out", type=click.Path(), default=None, help="Directory (default runs/sweep-NAME-TIME)."
 )
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="FIELD=VALUE",
-    help="Override a config field for every run, e.g. --set eval.every=5 (repeatable).",
-)
+@set_option
 def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides: tuple) -> None:
     """Run PIPELINE at each staleness bound k; table and plot of updates/hour vs k."""
     import time
     from pathlib import Path
 
-    from opdflow.config import PipelineConfig, load_pipeline
+    from rich.console import Console
+
+    from opdflow.commands.console import RunLines
+    from opdflow.config import PipelineConfig
+    from opdflow.config.loader import load_pipeline
+    from opdflow.core.policy import k_label, parse_ks, settings_for, sweep_k_max
+    from opdflow.driver.sweep import run_sweep
 
     values = parse_ks(ks)
     extra = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_pipeline(pipeline, extra)
     root = Path(out or Path("runs") / f"sweep-{base.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    fixed = [k for k in values if k != "adaptive"]
+    k_max = sweep_k_max(values, base.staleness.k_max)
     cfgs = []
     for k in values:
         cfg = PipelineConfig.from_dict(base.to_dict())
-        if k == "adaptive":
-            cfg.staleness.policy, cfg.staleness.k = "adaptive", 0
-            cfg.staleness.k_max = max(fixed, default=cfg.staleness.k_max)
-        else:
-            cfg.staleness.policy, cfg.staleness.k = "fixed", k
-        cfg.name = f"{base.name}-{k if k == 'adaptive' else f'k{k}'}"
+        cfg.staleness = settings_for(k, cfg.staleness, k_max)
+        cfg.name = f"{base.name}-{k_label(k).replace('=', '')}"
         cfgs.append((k, cfg.validate()))
-    rows = run_sweep(cfgs, root)
+    rows = run_sweep(cfgs, root, RunLines(Console(stderr=True)))
     print_table(rows)
     click.echo(f"table: {root / 'sweep.parquet'}  plot: {root / 'sweep.png'}")
-
-
-def run_sweep(cfgs: list, root) -> list[dict]:
-    """Run every config in one Ray cluster; write and return the table rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import ray
-
-    from opdflow.analysis.throughput import plot_sweep, sweep_rows
-    from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir, read_table
-
-    root.mkdir(parents=True, exist_ok=True)
-    r = cfgs[0][1].resources
-    need = max(
-        r.generator.num_cpus * c.engine.replicas
-        + sum(s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator))
-        for _, c in cfgs
-    )
-    started = connect(need)
-    runs = []
-    try:
-        for k, cfg in cfgs:
-            label = "adaptive" if k == "adaptive" else f"k={k}"
-            click.echo(f"sweep: {label} ({cfg.train.steps} steps)", err=True)
-            run = RunDir.create(cfg, root / label.replace("=", ""))
-            summary = run_pipeline(cfg, run)
-            runs.append(
-                {
-                    "label": label,
-                    "policy": cfg.staleness.policy,
-                    "summary_k": -1 if k == "adaptive" else k,
-                    "summary": summary,
-                    "metrics": run.metrics,
-                    "heldout": read_table(run.path / "heldout.parquet"),
-                }
-            )
-    finally:
-        if started:
-            ray.shutdown()
-    rows = sweep_rows(runs)
-    pq.write_table(pa.Table.from_pylist(rows), root / "sweep.parquet")
-    plot_sweep(rows, root / "sweep.png")
-    return rows
 
 
 def print_table(rows: list[dict]) -> None:

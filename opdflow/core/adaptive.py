@@ -32,7 +32,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from opdflow.core.staleness import Decision, StepObservation
+from opdflow.core.staleness import Decision, StalenessPolicy, StepObservation
 
 
 @dataclass
@@ -46,7 +46,7 @@ class _Level:
         return sum(self.values) / len(self.values) if self.values else float("nan")
 
 
-class AdaptiveStaleness:
+class AdaptiveStaleness(StalenessPolicy):
     """Chooses k in [0, k_max] from the trainer's wait share and the d_stale budget."""
 
     QUICK = 5.0  # a wait share this many times the target raises k after 2 settled steps

@@ -2,7 +2,10 @@
 
 A batch generated with weights version v may train step n only when n - v <= k; k = 0
 is synchronous. The controller asks the policy for k before each launch and reports
-what each step cost; a policy may change k (the adaptive one lives in scheduler.py).
+what each step cost; a policy may change k (the adaptive one lives in adaptive.py). The
+policy is the one object that answers what k is now, the largest k it may ever choose
+(k_max) and so how many weight versions a run may hold (`live_versions`); policy.py
+makes it from a StalenessConfig or a sweep's k, launch.py applies the rule.
 """
 
 from __future__ import annotations
@@ -52,8 +55,23 @@ class Decision:
 class StalenessPolicy(Protocol):
     """Sets k; `observe` may return a Decision when it changes k or asks for replicas."""
 
+    k_max: int
+    """The largest k this policy may ever choose."""
+
     @property
-    def k(self) -> int: ...
+    def k(self) -> int:
+        """The bound in effect now."""
+        ...
+
+    @property
+    def live_versions(self) -> int:
+        """Most weight versions the driver may hold at once: k_max + 2.
+
+        A pending step s was launched with a version >= s - k and the oldest pending step
+        is the next one to train, so versions latest - k .. latest are live: k + 1; one
+        more of slack for the version being published.
+        """
+        return self.k_max + 2
 
     def observe(self, obs: StepObservation) -> Decision | None: ...
 
@@ -62,7 +80,7 @@ class StalenessPolicy(Protocol):
     def load_state(self, state: dict) -> None: ...
 
 
-class FixedStaleness:
+class FixedStaleness(StalenessPolicy):
     """k never changes."""
 
     def __init__(self, k: int):
@@ -72,6 +90,10 @@ class FixedStaleness:
 
     @property
     def k(self) -> int:
+        return self._k
+
+    @property
+    def k_max(self) -> int:
         return self._k
 
     def observe(self, obs: StepObservation) -> Decision | None:

@@ -2,9 +2,11 @@
 
 session.py connects to Ray, creates or resumes the run directory, runs and cleans up; every
 command that runs a pipeline (run, sweep, calibrate --short, study run) and the benches go
-through it. assembly.py creates the stage actors and the runtime pieces a run needs;
-controller.py is the loop that launches generation within the staleness bound, feeds the
-learner and records each step.
+through it. wiring.py reads a run's inputs once (models, prompts, tracker settings) and
+holds the runtime one run is wired to (placement groups, trackers, checkpoints, profiler);
+assembly.py creates the stage actors; controller.py is the loop that launches generation
+within the staleness bound, feeds the learner and records each step. sweep.py (a staleness
+sweep) and ladder.py (calibrate --short's noise ladder) are batches of runs in one session.
 
 May import: every folder but commands/. Imported by commands/ and the benches.
 """

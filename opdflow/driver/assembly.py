@@ -1,42 +1,32 @@
 """Stages: builds every actor of a run from its config and holds what the controller uses.
 
 Kept apart from the controller so the dataflow there stays one screen: here are the
-details of models, prompts, Ray resources, the staleness policy and held-out evaluation.
+details of prompts, actor options, the staleness policy and held-out evaluation. The
+runtime the actors live in (Ray, placement groups, checkpoints, trackers, the profiler)
+is wired by the session and wiring.py and handed in; nothing here connects or places.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import RayError
 
 from opdflow.config import PipelineConfig, StageResources
-from opdflow.core.staleness import FixedStaleness, StalenessPolicy
+from opdflow.core.policy import make_policy
+from opdflow.core.staleness import StalenessPolicy
+from opdflow.driver.wiring import RunInputs
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.runtime import checkpoint
 from opdflow.runtime.checkpoint import Checkpoint
-from opdflow.runtime.cluster import connect
-from opdflow.runtime.placement import Placement, grouped_actors
-from opdflow.runtime.profiler import Profiler
+from opdflow.runtime.placement import Placement
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import StageFailed
 from opdflow.runtime.weights import WeightStore
 from opdflow.stages import actor_options
-from opdflow.testbed.data import PromptSampler, PromptSet, load_prompts
-from opdflow.testbed.models import ResolvedModels, resolve_models
-
-
-def make_policy(cfg: PipelineConfig) -> StalenessPolicy:
-    if cfg.staleness.policy == "adaptive":
-        from opdflow.core.adaptive import AdaptiveStaleness
-
-        return AdaptiveStaleness.from_config(cfg.staleness)
-    return FixedStaleness(cfg.staleness.k)
+from opdflow.testbed.data import PromptSampler, PromptSet
 
 
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
@@ -99,58 +89,19 @@ class Stages:
     learner_held: dict[str, Any] | None = None
     """collective: what the learner held after the last release (LearnerActor.held) and
     the versions it was told were still needed then ("needed")."""
-    started_ray: bool = False
-    placement: Placement | None = None
-    models: ResolvedModels | None = None
-    """Local paths of the student, teacher, tokenizer and prompt files."""
-    checkpoint_root: Path | None = None
-    """Where checkpoints go (reliability.checkpoint_dir, or the run directory's)."""
-    t0: float = field(default_factory=time.perf_counter)
 
     @classmethod
-    def start(cls, cfg: PipelineConfig, checkpoint_root: Path, log=print) -> Stages:
+    def start(cls, cfg: PipelineConfig, inputs: RunInputs, placement: Placement) -> Stages:
+        """Every actor, started on the run's placement groups from the models and prompts
+        the session read (RunInputs); returns once each runs (else StageFailed)."""
         from opdflow.stages.evaluator import EvaluatorActor
         from opdflow.stages.generator import GeneratorPool, GeneratorWorker
         from opdflow.stages.rescorer import RescorerActor
         from opdflow.stages.teacher import TeacherActor
-        from opdflow.testbed.grader import make_grader
-        from opdflow.testbed.tokenizer import load_tokenizer
 
-        paths = resolve_models(cfg, log=log)
-        tok = load_tokenizer(paths.tokenizer)
-        d = cfg.data
-        grader = make_grader(d.grader, d.grader_timeout_s)  # checks every row's reference
-        train_set = load_prompts(paths.train, tok, d.max_prompt_tokens, grader=grader)
-        heldout_set = load_prompts(
-            paths.heldout, tok, d.max_prompt_tokens, limit=cfg.eval.prompts, grader=grader
-        )
-        if len(heldout_set) < cfg.eval.prompts:
-            from opdflow.config import ConfigError
-
-            raise ConfigError(
-                f"eval.prompts = {cfg.eval.prompts} but {paths.heldout} has only {len(heldout_set)} rows"
-            )
-        r = cfg.resources
-        most = max(cfg.engine.replicas, cfg.engine.max_replicas or 0)
-        needed = r.generator.num_cpus * most + sum(
-            s.num_cpus for s in (r.learner, r.rescorer, r.teacher, r.evaluator)
-        )
-        needed += r.learner.num_cpus * (r.learner.workers - 1)
-        started = connect(needed)
-        e, restarts = cfg.engine, cfg.reliability.max_restarts
-        placement = Placement(r, grouped_actors(cfg))
-        unplaced = placement.reserve(cfg.reliability.startup_timeout_s)
-        if unplaced:
-            have = ray.cluster_resources()
-            placement.release()
-            if started:
-                ray.shutdown()
-            raise StageFailed(
-                "startup",
-                f"placement groups not placed after {cfg.reliability.startup_timeout_s:.0f} s: "
-                f"{unplaced}; the cluster has {have}",
-                "change resources.placement (strategy or groups), lower resources.*, or add nodes",
-            )
+        paths, tok, d = inputs.models, inputs.tokenizer, cfg.data
+        train_set, heldout_set = inputs.train_set, inputs.heldout_set
+        r, e, restarts = cfg.resources, cfg.engine, cfg.reliability.max_restarts
         gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
         longest = d.max_prompt_tokens + e.max_new_tokens  # vLLM's max_model_len
         vllm = {"tensor_parallel_size": e.tensor_parallel_size, "max_model_len": longest,
@@ -226,56 +177,26 @@ class Stages:
             heldout_set=heldout_set,
             sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
-            policy=make_policy(cfg),
+            policy=make_policy(cfg.staleness),
             transport=weights_transport(cfg),
-            started_ray=started,
-            placement=placement,
-            models=paths,
-            checkpoint_root=Path(checkpoint_root),
         )
         st.await_started(cfg.reliability.startup_timeout_s)
-        try:
-            st.check_checkpoint_root()
-        except BaseException:
-            st.shutdown()
-            raise
         return st
-
-    def check_checkpoint_root(self) -> None:
-        """Refuse a checkpoint directory some learner worker cannot see (on another node,
-        not shared storage): every rank must read the token the driver writes there."""
-        import uuid
-
-        from opdflow.config import ConfigError
-
-        root, field = self.checkpoint_root, "reliability.checkpoint_dir"
-        shown = f"{field} = {self.cfg.reliability.checkpoint_dir!r}" + (
-            "" if self.cfg.reliability.checkpoint_dir else f" (the run directory's: {root})"
-        )
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            probe, token = root / f".visible-{uuid.uuid4().hex}", uuid.uuid4().hex
-            probe.write_text(token)
-        except OSError as exc:
-            raise ConfigError(f"{shown}: the driver cannot write there ({exc})") from exc
-        try:
-            ranks = ray.get(self.learner.sees.remote(str(probe), token))
-        finally:
-            probe.unlink(missing_ok=True)
-        blind = [r for r in ranks if not r["ok"]]
-        if blind:
-            raise ConfigError(
-                f"{shown}: learner worker(s) "
-                + ", ".join(f"rank {r['rank']} on node {r['node']}" for r in blind)
-                + f" cannot see it (the driver runs on {ray.util.get_node_ip_address()}); "
-                "every learner worker writes its checkpoint shards there: set it to storage "
-                "that the driver's node and every learner node mount at the same path (NFS, "
-                "Lustre, a mounted bucket), or place the learner on the driver's node"
-            )
 
     def actors(self) -> dict[str, Any]:
         """Every actor by stage name."""
         named = {f"generator[{i}]": w for i, w in enumerate(self.pool.workers)}
+        named.update(
+            rescorer=self.rescorer,
+            teacher=self.teacher,
+            learner=self.learner,
+            evaluator=self.evaluator,
+        )
+        return named
+
+    def span_actors(self) -> dict[str, Any]:
+        """Every actor by the name its profiler spans carry (generator/i)."""
+        named = {f"generator/{i}": w for i, w in enumerate(self.pool.workers)}
         named.update(
             rescorer=self.rescorer,
             teacher=self.teacher,
@@ -346,29 +267,6 @@ class Stages:
                else f"{how} (vLLM worker extension)"}  # fmt: skip
         return {"transport": self.transport, "requested": self.cfg.weights.transport,
                 **via, "rescorer": how, "evaluator": how}  # fmt: skip
-
-    def checkpoint(self, run: RunDir, step: int, extra: dict[str, Any]) -> None:
-        """Learner writes weights/optimizer/RNG into a staging dir; the driver commits it."""
-        root = self.checkpoint_root or checkpoint.checkpoints_dir(run.path)
-        staging = checkpoint.staging_dir(root, step)
-        ray.get(self.learner.save_checkpoint.remote(str(staging)))
-        state = {**extra, "policy": self.policy.state(), "metrics_rows": len(run.metrics)}
-        checkpoint.commit(root, staging, step, state, self.cfg.reliability.keep_checkpoints)
-        run.event("checkpoint", step=step)
-
-    def export_final(self, run: RunDir, step: int) -> Path:
-        """The finished run's student as a Hugging Face checkpoint in RUN_DIR/final/ (from
-        the checkpoint of `step`, just written; export.py)."""
-        from opdflow.runtime.export import export_checkpoint
-
-        root = self.checkpoint_root or checkpoint.checkpoints_dir(run.path)
-        assert self.models is not None
-        out = export_checkpoint(
-            root / f"step_{step:06d}", self.models.student, self.models.tokenizer,
-            run.path / "final", overwrite=True,
-        )  # fmt: skip
-        run.event("export", step=step, path=str(out))
-        return out
 
     def requests(self, step: int, attempt: int, version: int) -> list[GenerationRequest]:
         """The step's prompts split across replicas (same prompts on every attempt)."""
@@ -441,22 +339,7 @@ class Stages:
             }
         return done
 
-    def profiler(self, run: RunDir) -> Profiler:
-        """The run's profiler over every actor (its clock starts now)."""
-        actors = {f"generator/{i}": w for i, w in enumerate(self.pool.workers)}
-        actors.update(
-            rescorer=self.rescorer,
-            teacher=self.teacher,
-            learner=self.learner,
-            evaluator=self.evaluator,
-        )
-        return Profiler(run.path, actors, run_name=self.cfg.name)
-
     def shutdown(self) -> None:
+        """Kill every actor (the placement groups and Ray belong to the wiring and session)."""
         for actor in self.actors().values():
             ray.kill(actor)
-        if self.placement is not None:
-            self.placement.release()
-        if self.started_ray:
-            self.started_ray = False
-            ray.shutdown()

@@ -13,10 +13,13 @@ Generation for step s is launched as soon as version s - k exists, with the fres
 version; batches flow stage to stage as ObjectRefs without touching the driver. The
 driver waits only for the batch of the step it trains next: that wait is trainer wait.
 A batch whose version broke the bound (k lowered after launch) is dropped and
-regenerated, and counted. Dead stage actors are restarted by Ray and their work re-run,
+regenerated, and counted. That rule is core/launch.py's `Launches`, which the simulator
+drives too. Dead stage actors are restarted by Ray and their work re-run,
 each restart recorded (restarts.py); a stuck one is killed after a deadline
 (supervisor.py). Checkpoints every N steps and on SIGINT/SIGTERM make a run resumable; a
-finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`.
+finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`
+(assembly.py), the run's placement, trackers and checkpoints in `RunWiring` (wiring.py);
+connecting to Ray and creating, resuming or cleaning up the run directory is the session's.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from opdflow.config import ConfigError, PipelineConfig
-from opdflow.core.staleness import StepObservation, launch_version, within_bound
+from opdflow.config import PipelineConfig
+from opdflow.core.launch import Launches
+from opdflow.core.staleness import StepObservation
 from opdflow.driver.assembly import Stages
-from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, load_latest
+from opdflow.driver.wiring import RunInputs, RunWiring
+from opdflow.runtime.checkpoint import Checkpoint
 from opdflow.runtime.restarts import RestartLog, restart_slowdown
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import (
@@ -44,8 +49,6 @@ from opdflow.runtime.supervisor import (
     diagnose,
     stop_on_signals,
 )
-from opdflow.runtime.trackers import open_trackers
-from opdflow.runtime.weights import live_bound
 
 
 @dataclass
@@ -127,29 +130,27 @@ def run_pipeline(
     on_step: Callable[[dict], None] = lambda r: None,
     resume: Checkpoint | None = None,
     on_start: Callable[[Stages], None] = lambda st: None,
+    inputs: RunInputs | None = None,
 ) -> dict:
-    """Train cfg.train.steps learner steps (from `resume` if given); returns the run summary."""
-    root = checkpoints_dir(run.path, cfg.reliability.checkpoint_dir)
-    if resume is None and (other := load_latest(root)) is not None:
-        raise ConfigError(
-            f"reliability.checkpoint_dir = {str(root)!r} already holds checkpoints of a run "
-            f"(latest: {other.path.name}); give each run its own directory, or continue that "
-            "run with --resume"
-        )
-    trackers = open_trackers(cfg, run)  # metrics.parquet + cfg.log.sinks; params logged once
+    """Train cfg.train.steps learner steps (from `resume` if given) in a connected Ray (a
+    Session connects it); returns the run summary. `inputs`: what the session read before
+    it created the run directory (read here when not given)."""
+    inputs = inputs or RunInputs.for_run(cfg, run, resume)
+    wiring = RunWiring.open(cfg, run, inputs)  # trackers (params logged once), placement
+    trackers = wiring.trackers
     st: Stages | None = None
     try:
-        st = Stages.start(cfg, root, log=lambda m: run.event("log", message=m))
+        st = Stages.start(cfg, inputs, wiring.placement)
+        wiring.check_checkpoint_root(st.learner)
         on_start(st)
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
-        max_live = live_bound(cfg.staleness)
         first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
-        dropped, next_launch = (resume.state["dropped"] if resume else 0), first
+        gate = Launches(policy, steps, first, resume.state["dropped"] if resume else 0)
 
-        def launch(step: int, attempt: int = 0) -> None:
-            weights = store.get(store.latest)
-            gen = st.pool.submit(st.requests(step, attempt, weights.version), weights, step)
+        def launch(step: int, v: int, attempt: int = 0) -> None:
+            weights = store.get(v)
+            gen = st.pool.submit(st.requests(step, attempt, v), weights, step)
             refs = [link.ref for link in gen]
             rescored = st.rescorer.rescore.remote(weights, *refs, step=step)
             scored = st.teacher.score.remote(rescored, step)
@@ -161,19 +162,14 @@ def run_pipeline(
             pending[step] = Pending(weights.version, links, attempt)
 
         def launch_ready() -> None:
-            nonlocal next_launch
-            while (
-                next_launch < steps
-                and launch_version(next_launch, policy.k, store.latest) is not None
-            ):
-                launch(next_launch)
-                next_launch += 1
+            for step, v in gate.due(store.latest):
+                launch(step, v)
 
         run.event("weights", **st.transport_event())
         if first == 0:
             st.evaluate(0)
         launch_ready()
-        prof = st.profiler(run)  # the run clock starts here
+        prof = wiring.profiler(st.span_actors())  # the run clock starts here
 
         def evaluated(version: int) -> bool:
             return version == 0 or version % cfg.eval.every == 0 or version == steps
@@ -196,16 +192,19 @@ def run_pipeline(
         def on_timeout(stage: str, action: str) -> None:
             run.event("timeout", stage=stage, action=action)
 
+        def checkpoint(step: int) -> None:  # after `step` steps
+            state = {"dropped": gate.dropped, "policy": policy.state()}
+            wiring.checkpoint(st.learner, state, step)
+
         with stop_on_signals() as stop:
             for step in range(first, steps):
                 while True:  # trainer wait: until this step's batch is scored and within the bound
                     job = pending.pop(step)
                     wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout)
-                    if within_bound(step, job.version, policy.k):
+                    if gate.admit(step, job.version):
                         break
-                    dropped += 1
                     run.event("dropped", step=step, version=job.version, k=policy.k)
-                    launch(step, job.attempt + 1)
+                    launch(step, store.latest, job.attempt + 1)
                 try:
                     out = ray.get(st.learner.train_step.remote(step, job.ref))
                 except RayError as exc:
@@ -225,13 +224,13 @@ def run_pipeline(
                                       "lower train.lr or check the models")  # fmt: skip
                 launch_ready()
                 st.release_weights(min([p.version for p in pending.values()] + [store.latest]))
-                store.check_bound(max_live)  # a leaked version would fill the object store
+                store.check_bound(policy.live_versions)  # a leaked version would fill memory
                 if evaluated(step + 1):
                     st.evaluate(step + 1)
                 row = {
                     "step": step, "version": job.version, "staleness": staleness, "k": policy.k,
                     **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
-                    "dropped": dropped, "time_s": elapsed, "queue_depth": len(pending),
+                    "dropped": gate.dropped, "time_s": elapsed, "queue_depth": len(pending),
                     "live_weight_versions": len(store.live_versions()),
                     "weight_bytes_live": st.weight_bytes_live(),
                     "generator_replicas": st.pool.status()["ready"],
@@ -240,22 +239,24 @@ def run_pipeline(
                 rows.push(row, st.collect_evals(run, wait=False))
                 if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
                     rows.push(None, st.collect_evals(run, wait=True))
-                    st.checkpoint(run, step + 1, {"dropped": dropped})
+                    checkpoint(step + 1)
                     if stop.requested:
                         raise StopRequested(f"stopped after step {step} (checkpoint written); "
                                             f"resume with --resume {run.path}")  # fmt: skip
         rows.push(None, st.collect_evals(run, wait=True))
         record_restarts(steps - 1)  # after the last row: in events and the summary only
         prof.finish(run)
-        st.checkpoint(run, steps, {"dropped": dropped})
-        st.export_final(run, steps)
-        summary = summarize(run, ray.get(st.learner.record.remote()), dropped)
+        checkpoint(steps)
+        wiring.export_final(steps)
+        summary = summarize(run, ray.get(st.learner.record.remote()), gate.dropped)
         run.write_json("summary.json", summary)
         return summary
     finally:
-        trackers.close()
-        if st is not None:
-            st.shutdown()
+        try:
+            if st is not None:
+                st.shutdown()
+        finally:
+            wiring.close()
 
 
 def _checkpoint_due(done: int, every: int, steps: int) -> bool:

@@ -1,1 +1,12 @@
-"""Rollout engines: TorchEngine (embedded default) and VLLMEngine (GPUs), one interface."""
+"""Rollout engines: TorchEngine (embedded default) and VLLMEngine (GPUs), one interface.
+
+base.py is the interface; torch_engine.py the embedded engine; recipes.py the precision
+recipes and how they apply (fakequant.py, quantize.py, kvcache.py). vllm_engine.py runs
+vLLM behind the same interface, with vllm_settings.py (its `LLM(...)` arguments),
+vllm_version.py (the release it needs) and vllm_worker.py (what it adds inside vLLM's
+workers); only vllm_engine.py imports vllm.
+
+May import: opdflow.core, opdflow.errors, opdflow.testbed (model loading) and, lazily,
+opdflow.runtime (weights views and transport). Imported by stages/, driver/, analysis/
+and commands/.
+"""

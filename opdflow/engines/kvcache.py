@@ -7,6 +7,7 @@ one for values per layer, set from the amax of the first write (the prompt prefi
 then frozen like a calibrated static scale; later writes beyond +-448 * scale saturate.
 With `unit_scale` the scale is 1.0 throughout, as in vLLM's FP8 cache on a BF16 checkpoint
 (values beyond +-448 saturate, below 2^-6 lose precision); recipes.py says which is which.
+`make_cache` builds the cache a recipe's fp8_kv part asks for.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from opdflow.core.recipe import Recipe
 from opdflow.engines.fakequant import fake_fp8, fp8_scale
 
 
@@ -64,3 +66,15 @@ def quantized_cache(
             )
         cache.layers[i] = FP8WriteLayer(keys=keys, values=values, unit_scale=unit_scale)
     return cache
+
+
+def make_cache(recipe: Recipe, model_config: Any) -> DynamicCache | None:
+    """The KV cache `recipe` asks for, for one generate call; None for the plain one."""
+    part = recipe.kv_part
+    if part is None:
+        return None
+    quantized = part.layer_set(model_config.num_hidden_layers)
+    keys = not part.arg("values_only")
+    values = not part.arg("keys_only")
+    unit = part.arg("scale") == "unit"
+    return quantized_cache(model_config, quantized, keys=keys, values=values, unit_scale=unit)

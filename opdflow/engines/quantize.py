@@ -1,7 +1,8 @@
-"""Applying a recipe part to a transformers model: weight transforms and linear-input hooks.
+"""Applying a recipe to a transformers model: weight transforms and linear-input hooks.
 
-Weights are transformed in place after every load (the engine reloads BF16 weights, then
-re-applies the transform). Activations are fake-quantized by forward pre-hooks on the
+TorchEngine calls `prepare` once on a freshly loaded model and `transform_weights` after
+every weight load (it reloads BF16 weights, then re-applies the transform, in place); the
+KV-cache part is kvcache.py's. Activations are fake-quantized by forward pre-hooks on the
 linear layers of the chosen decoder layers. `fp8` prefers NVIDIA Model Optimizer
 (quantizers inserted into the model, weight amax recomputed per forward so reloads need
 no recalibration, input amax dynamic per tensor) and falls back to the torch emulation.
@@ -14,9 +15,10 @@ from typing import Any
 
 import torch
 
-from opdflow.config import ConfigError
+from opdflow.core.recipe import Part, Recipe
 from opdflow.engines.fakequant import fake_fp8, fake_nvfp4
-from opdflow.engines.recipes import Part
+from opdflow.engines.recipes import modelopt_quant_cfg
+from opdflow.errors import ConfigError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -74,8 +76,6 @@ def _prepare_modelopt_fp8(part: Part, model: torch.nn.Module) -> None:
 
     import modelopt.torch.quantization as mtq
 
-    from opdflow.engines.recipes import Recipe, modelopt_quant_cfg
-
     cfg = modelopt_quant_cfg(Recipe((part.with_args(impl=None),)), num_layers(model))
     with contextlib.redirect_stdout(io.StringIO()):
         mtq.quantize(model, cfg, forward_loop=None)  # weights calibrated, inputs dynamic
@@ -85,7 +85,20 @@ def _prepare_modelopt_fp8(part: Part, model: torch.nn.Module) -> None:
             q.reset_amax()  # amax from the current weights at every forward: reloads just work
 
 
-def prepare(part: Part, model: torch.nn.Module) -> None:
+def prepare(recipe: Recipe, model: torch.nn.Module) -> None:
+    """One-time hooks on a freshly loaded engine model (quantizers, input hooks)."""
+    for part in recipe.parts:
+        _prepare_part(part, model)
+
+
+@torch.no_grad()
+def transform_weights(recipe: Recipe, model: torch.nn.Module) -> None:
+    """Applied after every weight load (the learner's weights are BF16 and unperturbed)."""
+    for part in recipe.parts:
+        _transform_part(part, model)
+
+
+def _prepare_part(part: Part, model: torch.nn.Module) -> None:
     """One-time hooks for `part` on a freshly loaded model."""
     chosen = part.layer_set(num_layers(model))
     if part.name == "fp8":
@@ -101,8 +114,7 @@ def prepare(part: Part, model: torch.nn.Module) -> None:
             lin.register_forward_pre_hook(_input_hook(fake_nvfp4), with_kwargs=True)
 
 
-@torch.no_grad()
-def transform_weights(part: Part, model: torch.nn.Module) -> None:
+def _transform_part(part: Part, model: torch.nn.Module) -> None:
     """Re-applied after every weight load: fake-quantize or perturb the chosen weights."""
     chosen = part.layer_set(num_layers(model))
     if part.name == "fp8" and fp8_impl(part) == "torch":

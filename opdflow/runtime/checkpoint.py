@@ -83,7 +83,7 @@ def save_learner(model: Any, optimizer: Any, out_dir: Path) -> None:
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state, "rng": torch.get_rng_state()}
-    with _single_process_quiet():
+    with single_process_quiet():
         dcp.save(state, checkpoint_id=str(out_dir), no_dist=not _distributed())
 
 
@@ -107,7 +107,7 @@ def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
         )
     model_state, optim_state = get_state_dict(model, optimizer)  # fresh AdamW: zero moments
     state = {"model": model_state, "optim": optim_state, "rng": torch.get_rng_state()}
-    with _single_process_quiet():
+    with single_process_quiet():
         dcp.load(state, checkpoint_id=str(ckpt_dir), no_dist=not _distributed())
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -116,7 +116,7 @@ def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def _single_process_quiet() -> Iterator[None]:
+def single_process_quiet() -> Iterator[None]:
     """DCP warns on every single-process save/load (a one-worker learner, a reader): that is
     the intent here."""
     with warnings.catch_warnings():
@@ -145,6 +145,6 @@ def read_state(ckpt_dir: Path, prefix: str = "model.") -> dict[str, Any]:
         for key, item in meta.state_dict_metadata.items()
         if key.startswith(prefix) and isinstance(item, TensorStorageMetadata)
     }
-    with _single_process_quiet():
+    with single_process_quiet():
         dcp.load(flat, checkpoint_id=str(ckpt_dir), no_dist=True)
     return {key.removeprefix(prefix): value for key, value in flat.items()}

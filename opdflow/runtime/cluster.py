@@ -60,14 +60,20 @@ def loopback_node() -> Iterator[None]:
             ray_constants.ENABLE_RAY_CLUSTER = saved_flag
 
 
+def quiet_env() -> None:
+    """QUIET_ENV in this process's environment, where not set already (a command that loads
+    models without Ray, and every driver before it starts actors)."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def connect(num_cpus: float | None = None) -> bool:
     """Initialise Ray if needed; returns True when this call started a local cluster."""
     import ray
 
     if ray.is_initialized():
         return False
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
+    quiet_env()
     env = {"env_vars": QUIET_ENV}
     address = os.environ.get("RAY_ADDRESS")
     if address:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
 """Largest safetensors file of an export (5 GiB): a 7B student in 3 BF16 shards."""
@@ -112,7 +112,7 @@ def export_checkpoint(
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
 
-    from opdflow.runtime.checkpoint import _single_process_quiet
+    from opdflow.runtime.checkpoint import single_process_quiet
     from opdflow.testbed.tokenizer import load_tokenizer
 
     out = Path(out)
@@ -153,7 +153,7 @@ def export_checkpoint(
                 PREFIX + k: torch.empty(tuple(items[k].size), dtype=items[k].properties.dtype)
                 for k in part
             }
-            with _single_process_quiet():
+            with single_process_quiet():
                 dcp.load(flat, checkpoint_id=str(ckpt_dir), no_dist=True)
             for k in part:
                 t = flat.pop(PREFIX + k)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from opdflow.config import STAGES, ConfigError, PipelineConfig, ResourcesConfig, StageResources
+from opdflow.config import STAGES, PipelineConfig, ResourcesConfig, StageResources
+from opdflow.errors import ConfigError
 
 LIGHT_CPU = 0.01
 """A bundle must ask for something: stages that reserve no resources take this much CPU."""
@@ -33,6 +34,18 @@ def grouped_actors(cfg: PipelineConfig) -> dict[str, int]:
     """Actors per stage that placement groups hold bundles for (the others: one): the
     starting generator replicas and the learner's ranks."""
     return {"generator": cfg.engine.replicas, "learner": cfg.resources.learner.workers}
+
+
+def cpu_need(cfg: PipelineConfig) -> float:
+    """Ray CPUs a run holds at its largest: each generator replica the pool may grow to
+    (engine.max_replicas), each of the learner's workers, one rescorer, teacher, evaluator.
+    A local cluster is started with at least this many (Session)."""
+    r, e = cfg.resources, cfg.engine
+    return (
+        r.generator.num_cpus * max(e.replicas, e.max_replicas or 0)
+        + r.learner.num_cpus * r.learner.workers
+        + sum(s.num_cpus for s in (r.rescorer, r.teacher, r.evaluator))
+    )
 
 
 def actor_name(stage: str, index: int, count: int = 1) -> str:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -44,14 +45,8 @@ class RunDir:
     @classmethod
     def create(cls, cfg: PipelineConfig, path: str | Path | None = None) -> RunDir:
         """A new run directory; refuses to reuse a non-empty one (resume it instead)."""
-        if path is None:
-            path = cfg.run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        p = Path(path)
-        if p.exists() and any(p.iterdir()):
-            raise ConfigError(
-                f"run directory {p} already exists and is not empty; choose another --run-dir "
-                "or continue it with --resume"
-            )
+        p = Path(path) if path is not None else default_path(cfg)
+        check_new(p)
         p.mkdir(parents=True, exist_ok=True)
         run = cls(p)
         run.write_json("config.json", cfg.to_dict())
@@ -123,6 +118,20 @@ class RunDir:
         path = out / f"version_{version:06d}.parquet"
         _write_table(path, rows)
         return path
+
+
+def check_new(path: Path) -> None:
+    """Refuse to start a new run in a directory that is not empty (resume it instead)."""
+    if path.exists() and any(path.iterdir()):
+        raise ConfigError(
+            f"run directory {path} already exists and is not empty; choose another --run-dir "
+            "or continue it with --resume"
+        )
+
+
+def default_path(cfg: PipelineConfig) -> Path:
+    """Where a run goes when no directory is given: cfg.run_dir, else runs/NAME-TIME."""
+    return Path(cfg.run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def same_config(path: str | Path, cfg: PipelineConfig) -> bool:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 from opdflow.runtime.rundir import RunDir
 
 EXTRA_SINKS = ("tensorboard", "wandb", "mlflow")
@@ -241,8 +242,8 @@ class Trackers:
 
 
 def open_trackers(cfg: PipelineConfig, run: RunDir) -> Trackers:
-    """The sinks of cfg.log for this run, with the run's parameters already logged."""
-    check_trackers(cfg)  # a refused URI fails before any sink has started
+    """The sinks of cfg.log for this run, with the run's parameters already logged (their
+    settings were checked by check_trackers before the run directory existed)."""
     sinks: list[Tracker] = [ParquetSink(run)]
     try:
         for name in dict.fromkeys(cfg.log.sinks):

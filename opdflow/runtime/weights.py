@@ -9,7 +9,8 @@ read zero-copy (a 200 MB get took 0.35 ms here). bfloat16 travels as its raw 16-
 pattern. What the driver holds and hands to stages per version is a `WeightsRef`: its
 ObjectRef resolves to a `WeightsHandle` (manifest plus where the bytes are: an inner
 object-store ref, or the learner to receive them from by a collective, transport.py);
-`WeightStore` keeps them by version, their bytes and the k + 2 bound.
+`WeightStore` keeps them by version, their bytes and the k_max + 2 bound (the staleness
+policy's `live_versions`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from opdflow.config import StalenessConfig
 
 ALIGN = 64
 """Each tensor starts on a 64-byte boundary (any dtype's view is aligned; vector copies too)."""
@@ -309,15 +307,6 @@ def object_nbytes(ref: Any) -> int:
     return int(get_object_locations([ref])[ref]["object_size"])
 
 
-def live_bound(staleness: StalenessConfig) -> int:
-    """Most weight versions the controller may hold: k + 2 (k_max + 2 when adaptive).
-
-    A pending step s was launched with a version >= s - k and the oldest pending step is the
-    next one to train, so versions latest - k .. latest are live: k + 1; one more of slack.
-    """
-    return (staleness.k_max if staleness.policy == "adaptive" else staleness.k) + 2
-
-
 class WeightStore:
     """Versioned ObjectRefs held by the driver; dropping a ref lets Ray free the version.
 
@@ -366,7 +355,7 @@ class WeightStore:
         return sum(self._nbytes.values())
 
     def check_bound(self, max_versions: int) -> None:
-        """Raise if more than `max_versions` versions are held (see `live_bound`)."""
+        """Raise if more than `max_versions` (a policy's `live_versions`) versions are held."""
         if len(self._refs) > max_versions:
             raise RuntimeError(
                 f"{len(self._refs)} weight versions are held ({self.live_versions()}, "

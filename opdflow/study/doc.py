@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from opdflow.study.plan import STANDARD, StudyResults, arm_verdict, group
+from opdflow.study.plan import STANDARD
+from opdflow.study.results import StudyResults, arm_verdict, group
 
 
 def _f(x: float | None, spec: str = ".3g") -> str:

@@ -1,9 +1,9 @@
 """Testbed and inputs: the models, tokenizer and data a run reads.
 
-The tiny worked-solutions task and the tiny student and teacher models that opdflow builds
-and caches itself (zoo.py, task.py, tokenizer.py, tiny.py), and the loaders that read real
-checkpoints and parquet prompt files from local paths with the same code (models.py,
-data.py, grader.py). Nothing here downloads anything.
+The tiny worked-solutions task and the tiny student and teacher models that opdflow trains,
+builds and caches itself (training.py, zoo.py, task.py, tokenizer.py, tiny.py), and the
+loaders that read real checkpoints and parquet prompt files from local paths with the same
+code (models.py, data.py, grader.py). Nothing here downloads anything.
 
 May import: opdflow.core, opdflow.config, opdflow.errors, torch and transformers (lazily
 where possible). Imported by stages/, analysis/, driver/ and commands/.

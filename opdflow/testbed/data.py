@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,6 @@ def make_grader(kind: str = "exact", timeout_s: float = 5.0) -> ExactGrader | Ma
         return ExactGrader()
     if kind == "math":
         return MathGrader(timeout_s)
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
 
     raise ConfigError(f"data.grader = {kind!r} is not allowed: expected one of {GRADERS}")

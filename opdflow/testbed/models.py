@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,8 @@ def _check_weights(p: Path, field: str, path: str) -> None:
 
 
 def check_checkpoints(cfg: PipelineConfig) -> None:
-    """Refuse a bad local student/teacher checkpoint before a run directory or Ray exists.
-
-    Cheap: reads config.json and the safetensors headers only ("tiny" is built later)."""
+    """Refuse a bad local student/teacher checkpoint (resolve_models does, before it builds
+    anything). Cheap: reads config.json and the safetensors headers only."""
     if cfg.models.student != "tiny":
         _check_checkpoint(cfg.models.student, "models.student")
     if cfg.models.teacher != "tiny":
@@ -113,7 +113,8 @@ def _vocab(path: str) -> dict[str, int]:
 
 
 def resolve_models(cfg: PipelineConfig, log=print) -> ResolvedModels:
-    """Build or reuse the tiny models, or check the given checkpoint directories."""
+    """Check the given checkpoint directories, then build or reuse the tiny models."""
+    check_checkpoints(cfg)
     tiny = None
     if cfg.models.student == "tiny" or "tiny" in (cfg.data.train, cfg.data.heldout):
         from opdflow.testbed.zoo import ensure_tiny
@@ -123,8 +124,6 @@ def resolve_models(cfg: PipelineConfig, log=print) -> ResolvedModels:
         student, teacher, tokenizer = str(tiny.student), str(tiny.teacher), str(tiny.tokenizer)
     else:
         student, teacher = cfg.models.student, cfg.models.teacher
-        _check_checkpoint(student, "models.student")
-        _check_checkpoint(teacher, "models.teacher")
         tokenizer = student
         try:
             same = _vocab(student) == _vocab(teacher)

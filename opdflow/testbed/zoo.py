@@ -1,11 +1,12 @@
 """The embedded tiny teacher and student: built from transformers configs, trained, cached.
 
-No weights are downloaded. One supervised run on the arithmetic task yields the teacher
-(its last checkpoint) and the student: an early checkpoint, or the teacher briefly
-fine-tuned to drop carries ("carry_blind": a student a few steps from its teacher in
-weights, like the paper's base student and its RL-improved teacher). Everything is keyed by
-a hash of the recipe, so a changed recipe rebuilds and an unchanged one loads in
-milliseconds. A build runs in a child process (build_env); with models.tiny.portable_kernels
+No weights are downloaded. One supervised run on the arithmetic task (training.py) yields
+the teacher (its last checkpoint) and the student: an early checkpoint, or the teacher
+briefly fine-tuned to drop carries ("carry_blind": a student a few steps from its teacher
+in weights, like the paper's base student and its RL-improved teacher). Everything is
+keyed by a hash of the recipe, so a changed recipe rebuilds and an unchanged one loads in
+milliseconds; the key holds ZOO_FORMAT, not the code, so moving code keeps every cached
+build. A build runs in a child process (build_env); with models.tiny.portable_kernels
 its float kernels are pinned there, so one recipe yields the same weights, bit for bit, on
 every x86-64 CPU.
 """
@@ -16,7 +17,6 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import math
 import os
 import platform
 import shutil
@@ -24,12 +24,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from opdflow.config import TaskSpec, TinyModelSpec
+from opdflow.testbed.training import train_teacher_and_student
 
-ZOO_FORMAT = 2  # bump when the build procedure changes
+ZOO_FORMAT = 2
+"""Part of every recipe key: bump it when the build procedure (here or in training.py)
+changes the weights a recipe yields, so cached builds of the old procedure are not reused."""
 BUILD_THREADS = 2
 """Fixed, not the machine's core count: float reductions then run in the same order on
 every machine (with PINNED_KERNELS, that makes one recipe one set of weights everywhere)."""
@@ -142,60 +146,10 @@ def model_config(spec: TinyModelSpec, vocab_size: int, pad_id: int, eos_id: int)
     return Qwen2Config(**common)
 
 
-def _encode(tok, prompts: list[str], targets: list[str]):
-    """Right-padded prompt+target+EOS ids and a loss mask on target and EOS tokens."""
-    import torch
-
-    rows, masks = [], []
-    for p, a in zip(prompts, targets):
-        p_ids = tok(p, add_special_tokens=False)["input_ids"]
-        a_ids = tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        rows.append(p_ids + a_ids)
-        masks.append([0] * len(p_ids) + [1] * len(a_ids))
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, (r, m) in enumerate(zip(rows, masks)):
-        ids[i, : len(r)] = torch.tensor(r)
-        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
-    return ids, loss_mask
-
-
-def greedy_accuracy(model, tok, prompts: list[str], answers: list[str], max_new: int) -> float:
-    """Exact-match accuracy of greedy answers (a quick build-time check)."""
-    import torch
-
-    from opdflow.testbed.task import is_correct
-
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, attn = enc["input_ids"], enc["attention_mask"]
-    done = torch.zeros(len(prompts), dtype=torch.bool)
-    out = []
-    with torch.no_grad():
-        for _ in range(max_new):
-            pos = (attn.cumsum(-1) - 1).clamp_min(0)
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -1]
-            nxt = logits.argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-            out.append(nxt)
-            done |= nxt == tok.eos_token_id
-            ids = torch.cat([ids, nxt[:, None]], 1)
-            attn = torch.cat([attn, (~done | (nxt == tok.eos_token_id)).long()[:, None]], 1)
-    gen = torch.stack(out, 1)
-    texts = [
-        tok.decode([t for t in row.tolist() if t not in (tok.pad_token_id, tok.eos_token_id)])
-        for row in gen
-    ]
-    return sum(is_correct(t, a) for t, a in zip(texts, answers)) / len(answers)
-
-
-def _train(
-    spec: TinyModelSpec, task: TaskSpec, tok, prompts, answers, held, tmp: Path, log
-) -> dict:
+def _init_model(spec: TinyModelSpec, tok):
+    """The untrained tiny model, seeded by spec.seed, with its planted layer-0 key bias."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from opdflow.testbed.task import response_tokens, target_text
 
     torch.manual_seed(spec.seed)
     cfg = model_config(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
@@ -205,90 +159,7 @@ def _train(
             model.model.layers[0].self_attn.k_proj.bias[planted_key_dims(cfg)] += (
                 spec.key_bias_layer0
             )
-    ids, loss_mask = _encode(
-        tok, prompts, [target_text(p, a, task.worked) for p, a in zip(prompts, answers)]
-    )
-    max_new = response_tokens(task.digits, task.worked)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(spec.seed)
-    info: dict = {}
-    t0 = time.perf_counter()
-    for step in range(1, spec.teacher_steps + 1):
-        warm = min(1.0, step / 50)
-        decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / spec.teacher_steps))
-        for g in opt.param_groups:
-            g["lr"] = spec.lr * warm * decay
-        loss = _sft_step(model, opt, ids, loss_mask, spec, gen)
-        if step % 100 == 0:
-            log(f"tiny models: step {step}/{spec.teacher_steps} loss {loss:.3f}")
-        if spec.student == "checkpoint" and "student" not in info and step % 25 == 0:
-            model.eval()
-            acc = greedy_accuracy(model, tok, *held, max_new)
-            model.train()
-            if acc >= spec.student_accuracy:
-                model.save_pretrained(tmp / "student", safe_serialization=True)
-                info["student"] = {"step": step, "heldout_accuracy": acc}
-                log(f"tiny models: student = step {step}, held-out greedy accuracy {acc:.1%}")
-    if spec.student == "checkpoint" and "student" not in info:
-        raise RuntimeError(
-            f"tiny models: no checkpoint reached student_accuracy={spec.student_accuracy} in "
-            f"{spec.teacher_steps} steps; raise models.tiny.teacher_steps or lower student_accuracy"
-        )
-    model.eval()
-    acc = greedy_accuracy(model, tok, *held, max_new)
-    model.save_pretrained(tmp / "teacher", safe_serialization=True)
-    info["teacher"] = {"step": spec.teacher_steps, "heldout_accuracy": acc}
-    log(f"tiny models: teacher = step {spec.teacher_steps}, held-out greedy accuracy {acc:.1%}")
-    if spec.student == "carry_blind":
-        info["student"] = _carry_blind_student(model, spec, tok, prompts, held, max_new, tmp, log)
-    info["train_seconds"] = time.perf_counter() - t0
-    return info
-
-
-def _sft_step(model, opt, ids, loss_mask, spec: TinyModelSpec, gen) -> float:
-    """One supervised step on a random batch (next-token cross-entropy on the masked tokens)."""
-    import torch
-
-    idx = torch.randint(0, ids.shape[0], (spec.batch_size,), generator=gen)
-    x, m = ids[idx], loss_mask[idx]
-    logits = model(input_ids=x).logits[:, :-1]
-    target, tmask = x[:, 1:], m[:, 1:]
-    loss = torch.nn.functional.cross_entropy(
-        logits[tmask], target[tmask], label_smoothing=spec.label_smoothing
-    )
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss.item()
-
-
-def _carry_blind_student(
-    model, spec: TinyModelSpec, tok, prompts, held, max_new: int, tmp: Path, log
-) -> dict:
-    """Fine-tune the (saved) teacher in place into the student: carry_blind_share of the
-    targets drop their carries, the rest stay right."""
-    import numpy as np
-    import torch
-
-    from opdflow.testbed.task import carry_blind_solution, worked_solution
-
-    blind = np.random.default_rng(spec.seed + 1).random(len(prompts)) < spec.carry_blind_share
-    targets = [carry_blind_solution(p) if b else worked_solution(p) for p, b in zip(prompts, blind)]
-    ids, loss_mask = _encode(tok, prompts, targets)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.carry_blind_lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(spec.seed + 1)
-    model.train()
-    for _ in range(spec.carry_blind_steps):
-        _sft_step(model, opt, ids, loss_mask, spec, gen)
-    model.eval()
-    acc = greedy_accuracy(model, tok, *held, max_new)
-    model.save_pretrained(tmp / "student", safe_serialization=True)
-    log(
-        f"tiny models: student = teacher + {spec.carry_blind_steps} carry-blind steps, "
-        f"held-out greedy accuracy {acc:.1%}"
-    )
-    return {"step": spec.teacher_steps + spec.carry_blind_steps, "heldout_accuracy": acc}
+    return model
 
 
 def ensure_tiny(
@@ -320,7 +191,12 @@ def ensure_tiny(
     )
 
 
-def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
+def build(
+    model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log: Callable[[str], None]
+) -> None:
+    """Build one recipe's task, tokenizer, teacher and student into `root`, atomically (a
+    temporary directory renamed into place), in this process; ensure_tiny runs it in a child
+    process (_build_in_child) so that build_env()'s threads and kernel pins take effect."""
     import torch
 
     from opdflow.testbed.task import alphabet, split_problems, write_parquet
@@ -338,7 +214,8 @@ def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> N
         )
         write_parquet(tmp / "train.parquet", *train)
         write_parquet(tmp / "heldout.parquet", *held)
-        info = _train(model_spec, task_spec, tok, *train, held, tmp, log)
+        model = _init_model(model_spec, tok)
+        info = train_teacher_and_student(model, model_spec, task_spec, tok, *train, held, tmp, log)
         info["build_seconds"] = time.perf_counter() - t0
         info["kernels"] = {
             "torch": torch.__version__,
@@ -360,7 +237,7 @@ def _build(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> N
 
 
 def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, log) -> None:
-    """Run _build in `python -m opdflow.testbed.zoo` under build_env(), relaying its log lines: kernel
+    """Run build in `python -m opdflow.testbed.zoo` under build_env(), relaying its log lines: kernel
     pins only take effect in a process that has not loaded torch yet, and every build runs
     the same way whether pinned or not."""
     spec = json.dumps(
@@ -392,7 +269,7 @@ def _build_in_child(model_spec: TinyModelSpec, task_spec: TaskSpec, root: Path, 
 def main(argv: list[str]) -> None:
     """`python -m opdflow.testbed.zoo SPEC_JSON ROOT`: one build in this process (_build_in_child)."""
     spec = json.loads(argv[0])
-    _build(
+    build(
         TinyModelSpec(**spec["model"]),
         TaskSpec(**spec["task"]),
         Path(argv[1]),

@@ -11,7 +11,7 @@ pytest.importorskip(
 )
 
 from opdflow.cli import main
-from opdflow.engines.recipes import parse_recipe
+from opdflow.core.recipe import parse_recipe
 
 PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py:short_answers")
 

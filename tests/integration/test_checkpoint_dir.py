@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from processes import stop_group
+from support.processes import stop_group
 
 from opdflow.runtime.cluster import LOOPBACK_ENV, connect
 
@@ -52,7 +52,7 @@ def hidden_from_actors(tmp_path_factory, tiny):
     if not _can_unshare():
         pytest.skip("needs mount namespaces (`unshare -m`) to give the cluster its own view")
     import ray
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     if ray.is_initialized():
         ray.shutdown()  # this module's driver joins its own cluster
@@ -107,7 +107,8 @@ def hidden_from_actors(tmp_path_factory, tiny):
 
 
 def _cfg(checkpoint_dir: Path):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
 
     return apply_overrides(
         PipelineConfig(name="visible"),
@@ -120,8 +121,8 @@ def _cfg(checkpoint_dir: Path):
 
 @pytest.mark.slow
 def test_a_learner_that_cannot_see_the_checkpoint_dir_is_refused(hidden_from_actors, tmp_path):
-    from opdflow.config import ConfigError
     from opdflow.driver.controller import run_pipeline
+    from opdflow.errors import ConfigError
     from opdflow.runtime.rundir import RunDir
 
     blind = _cfg(hidden_from_actors / "checkpoints")

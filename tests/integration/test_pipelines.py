@@ -4,11 +4,12 @@ Pipelines that ask for GPUs (pipelines/dapo_math.py: vLLM, local 7B checkpoints)
 under the gpu marker, with their checkpoints and data in place."""
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
 
-from opdflow.config import load_pipeline, pipeline_functions
+from opdflow.config.loader import load_pipeline, pipeline_functions
 
 PIPELINES = sorted(Path(__file__).resolve().parents[2].joinpath("pipelines").glob("*.py"))
 SPECS = [f"{p}:{name}" for p in PIPELINES for name in pipeline_functions(p)]
@@ -35,6 +36,35 @@ def test_pipeline_loads_and_validates(spec):
     assert cfg.train.steps > 0
 
 
+def assert_run_shows(cfg, summary: dict, path: Path) -> None:
+    """What every finished run shows, whatever its pipeline, engine or size: each step
+    trained once, on a batch within the staleness bound; finite loss and mismatch; no more
+    live weight versions than the policy's bound; exact held-out KL (never negative) on the
+    same prompts at version 0 and at the end. Not that KL falls: three steps of a
+    pipeline's own learning rate need not move it."""
+    from opdflow.core.policy import make_policy
+    from opdflow.runtime.rundir import read_table
+
+    steps, policy = cfg.train.steps, make_policy(cfg.staleness)
+    rows = read_table(path / "metrics.parquet")
+    assert [r["step"] for r in rows] == list(range(steps)) and summary["steps"] == steps
+    assert [tuple(x) for x in summary["trained_steps_record"]] == [
+        (r["step"], r["version"]) for r in rows
+    ]
+    for r in rows:
+        assert 0 <= r["staleness"] == r["step"] - r["version"] <= policy.k_max, r
+        assert not r["skipped"] and math.isfinite(r["loss"]), r
+        assert all(math.isfinite(r[d]) for d in ("d_engine_k1", "d_stale_k1", "d_total_k1")), r
+        assert 1 <= r["live_weight_versions"] <= policy.live_versions, r
+    held = read_table(path / "heldout.parquet")
+    by_version: dict[int, set[int]] = {}
+    for h in held:
+        by_version.setdefault(h["version"], set()).add(h["prompt_index"])
+        assert math.isfinite(h["kl"]) and h["kl"] >= 0 and h["tokens"] > 0, h
+    assert set(by_version) == {0, steps} and by_version[0] == by_version[steps], by_version
+    assert summary["heldout_kl_start"] >= 0 and summary["heldout_kl_end"] >= 0, summary
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """One embedded cluster for every pipeline (as `opdflow run` starts), stopped after."""
@@ -50,7 +80,7 @@ def cluster():
 @pytest.mark.parametrize("spec", RUNNABLE, ids=lambda s: Path(s).name)
 def test_pipeline_runs_tiny(spec, tmp_path, tiny, cluster):
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir, read_table
+    from opdflow.runtime.rundir import RunDir
 
     overrides = ["train.steps=3", "eval.every=3", "eval.prompts=8"]
     if load_pipeline(spec).models.tiny.student == "carry_blind":
@@ -59,8 +89,7 @@ def test_pipeline_runs_tiny(spec, tmp_path, tiny, cluster):
     cfg = load_pipeline(spec, overrides)
     run = RunDir.create(cfg, tmp_path / "run")
     summary = run_pipeline(cfg, run)
-    assert summary["steps"] == 3
-    assert len(read_table(run.path / "metrics.parquet")) == 3
+    assert_run_shows(cfg, summary, run.path)
 
 
 def _local_checkpoint(tiny, part: str, out) -> str:
@@ -108,8 +137,8 @@ def test_the_gpu_pipeline_runs_its_code_path_on_cpu(tiny, tmp_path, cluster):
     assert cfg.resources.learner.workers == 2 and cfg.train.activation_checkpointing
     run = RunDir.create(cfg, tmp_path / "run")
     summary = run_pipeline(cfg, run)
+    assert_run_shows(cfg, summary, run.path)
     rows = read_table(run.path / "metrics.parquet")
-    assert [r["step"] for r in rows] == [0, 1, 2] and summary["steps"] == 3
     assert all(r["micro_batches"] >= 2 * cfg.resources.learner.workers for r in rows)
     assert all(r["learner_peak_mem_gb"] > 0 and not r["skipped"] for r in rows)
     assert len(read_table(run.path / "heldout.parquet")) == 2 * cfg.eval.prompts  # v0, v3

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from report_runs import make_sweep
+from support.report_runs import make_sweep
 
 from opdflow.analysis.report import write_report
 

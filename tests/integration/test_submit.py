@@ -4,7 +4,7 @@ The cluster is this test's own: `ray start --head --block` in its own process gr
 free ports, with a private temp dir, stopped by killing that group (never `ray stop`,
 which would stop every Ray process on the machine). It runs without authentication, so
 it must be loopback only: `--node-ip-address 127.0.0.1` alone is not (Ray 2.60 replaces
-it with the interface address), raycluster.LOOPBACK_ENV makes it so, and a test reads the
+it with the interface address), runtime.cluster.LOOPBACK_ENV makes it so, and a test reads the
 bound sockets of the group's processes to check.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from processes import stop_group
+from support.processes import stop_group
 
 from opdflow.cli import main
 from opdflow.runtime.cluster import LOOPBACK_ENV
@@ -103,8 +103,8 @@ def ray_head(head):
 
 
 def test_the_unauthenticated_test_cluster_is_loopback_only(head):
-    from sockets import is_loopback, sockets
-    from waiting import wait_until
+    from support.sockets import is_loopback, sockets
+    from support.waiting import wait_until
 
     # the dashboard answers before the raylet listens: wait for both servers to show
     seen = {}
@@ -162,9 +162,9 @@ def test_a_failed_job_reports_the_tail_of_its_logs(ray_head, tmp_path):
     res = _cli(["submit", PIPELINE, *TINY, *bad, "--address", ray_head, "--no-wait"])
     assert res.exit_code == 0, res.output
     job_id = res.output.strip()
-    from opdflow.commands.jobs import _client, wait_for_job
+    from opdflow.commands.jobs import job_client, wait_for_job
 
-    status, _ = wait_for_job(_client(ray_head), job_id)
+    status, _ = wait_for_job(job_client(ray_head), job_id)
     assert status == "FAILED"
     st = _cli(["status", job_id, "--address", ray_head])
     assert st.exit_code == 1
@@ -180,7 +180,7 @@ def test_stop_a_running_job(ray_head):
     job_id = res.output.strip()
     stop = _cli(["stop", job_id, "--address", ray_head])
     assert stop.exit_code == 0 and "stop requested" in stop.output, stop.output
-    from opdflow.commands.jobs import _client, wait_for_job
+    from opdflow.commands.jobs import job_client, wait_for_job
 
-    status, _ = wait_for_job(_client(ray_head), job_id)
+    status, _ = wait_for_job(job_client(ray_head), job_id)
     assert status == "STOPPED"

@@ -29,7 +29,8 @@ K0_STEPS = 30
 def k0_run(tmp_path_factory, _ray_session, tiny):
     """A 30-step synchronous (k = 0) tiny run, shared by the tests that only read it:
     (summary, metrics rows, RunDir)."""
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.cluster import connect
     from opdflow.runtime.rundir import RunDir, read_table

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

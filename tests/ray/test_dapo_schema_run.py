@@ -52,7 +52,8 @@ def _dapo_parquet(src, dst, equivalent: bool) -> None:
 
 @pytest.fixture(scope="module")
 def dapo_run(tmp_path_factory, ray_local, tiny):
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import run_pipeline
     from opdflow.runtime.rundir import RunDir
 

@@ -9,7 +9,8 @@ import signal
 import pytest
 import ray
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.rundir import RunDir, read_table
 from opdflow.runtime.supervisor import StageFailed

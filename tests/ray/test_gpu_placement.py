@@ -2,8 +2,9 @@
 
 ray.cluster_utils.Cluster starts two raylets on loopback that advertise 4 logical GPUs
 and 72 CPUs each (no GPU needed: Ray schedules logical resources). Placement.reserve, the
-code Stages.start runs, must place each pipeline's groups, and opdflow.runtime.placement.fit must
-agree with Ray on which stages share a node; half the cluster must not hold them.
+code every run reserves its groups with (driver.wiring.reserve_placement), must place each
+pipeline's groups, and opdflow.runtime.placement.fit must agree with Ray on which stages
+share a node; half the cluster must not hold them.
 """
 
 from pathlib import Path
@@ -13,7 +14,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util import placement_group, placement_group_table, remove_placement_group
 
-from opdflow.config import load_pipeline
+from opdflow.config.loader import load_pipeline
 from opdflow.runtime.placement import Placement, bundle, fit, grouped_actors, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"

@@ -2,7 +2,7 @@
 
 import numpy as np
 import ray
-from batches import sampled_batch
+from support.batches import sampled_batch
 
 from opdflow.config import TrainConfig
 from opdflow.runtime.fetcher import fetch_state

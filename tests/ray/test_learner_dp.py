@@ -11,10 +11,11 @@ import math
 import pytest
 import ray
 import torch
-from batches import sampled_batch
+from support.batches import sampled_batch
 
 from opdflow.compute.scoring import token_logprobs
-from opdflow.config import LearnerResources, PipelineConfig, TrainConfig, apply_overrides
+from opdflow.config import LearnerResources, PipelineConfig, TrainConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, read_state
 from opdflow.runtime.fetcher import fetch_state

@@ -3,7 +3,7 @@
 `opdflow.runtime.cluster.connect()` runs in a child Python (its own process group, its own Ray
 cluster, stopped by this test through that group, never `ray stop`), which reports the
 node address Ray registered and the sockets its process tree (driver, GCS, raylet,
-agents, workers) listens on and is connected to. Without raycluster.LOOPBACK_ENV, Ray
+agents, workers) listens on and is connected to. Without runtime.cluster.LOOPBACK_ENV, Ray
 2.60 registers the node at the interface address and binds GCS, raylet and workers to
 all interfaces. The test only reads socket tables; it connects to nothing.
 """
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sockets import is_loopback
+from support.sockets import is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -26,7 +26,7 @@ import json, os, sys
 sys.path.insert(0, {tests!r})
 import ray
 from opdflow.runtime.cluster import connect
-from sockets import sockets
+from support.sockets import sockets
 
 assert connect(1), "expected to start a local cluster"
 nodes = [n["NodeManagerAddress"] for n in ray.nodes()]

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.rundir import RunDir, read_table
 
@@ -44,6 +45,21 @@ def test_every_step_trained_once_within_the_staleness_bound(runs, k):
         assert all(r["staleness"] == 0 for r in metrics)
     else:  # asynchrony actually happened
         assert max(r["staleness"] for r in metrics) == k
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_the_run_trained_what_the_launch_rule_says(runs, k):
+    # the controller drives core/launch.py's rule (the simulator drives the same one): a
+    # fresh policy fed the run's observations trains each step at the run's version
+    from opdflow.analysis.runs import Run
+    from opdflow.core.launch import replay
+    from opdflow.core.policy import make_policy
+
+    run = Run(runs[k][2].path)
+    trained = replay(make_policy(run.staleness), run.observations())
+    assert [(t.step, t.version, t.k, t.dropped) for t in trained] == [
+        (r["step"], r["version"], r["k"], r["dropped"]) for r in run.metrics
+    ]
 
 
 @pytest.mark.parametrize("k", [0, 2])

@@ -4,7 +4,8 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import StageFailed

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.profiler import STAGES
 from opdflow.runtime.rundir import RunDir, read_table
@@ -54,6 +55,21 @@ def test_every_step_trained_within_the_adaptive_bound(adaptive_run):
     assert all(0 <= r["staleness"] <= k for r, k in zip(metrics, ks))
     assert all(r["k"] <= K_MAX for r in metrics)
     assert summary["max_staleness"] <= K_MAX
+
+
+def test_the_run_trained_what_the_launch_rule_says(adaptive_run):
+    # the controller drives core/launch.py's rule (the simulator drives the same one): a
+    # fresh adaptive policy fed the run's observations makes the run's decisions and trains
+    # each step at the run's version
+    from opdflow.analysis.runs import Run
+    from opdflow.core.launch import replay
+    from opdflow.core.policy import make_policy
+
+    run = Run(adaptive_run[2].path)
+    trained = replay(make_policy(run.staleness), run.observations())
+    assert [(t.step, t.version, t.k, t.dropped) for t in trained] == [
+        (r["step"], r["version"], r["k"], r["dropped"]) for r in run.metrics
+    ]
 
 
 def test_spans_cover_every_stage_and_step(adaptive_run):

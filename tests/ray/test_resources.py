@@ -6,7 +6,8 @@ import pytest
 import ray
 from ray._private.internal_api import memory_summary
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.rundir import RunDir, read_table
 

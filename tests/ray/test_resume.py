@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
 from opdflow.runtime.rundir import RunDir, read_table

@@ -5,7 +5,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from tracker_readers import mlflow_run, tensorboard_run, wandb_offline_run
+from support.tracker_readers import mlflow_run, tensorboard_run, wandb_offline_run
 
 from opdflow.analysis.report import write_report
 from opdflow.cli import main

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from opdflow.analysis.admission import PILOT_LINE, Budget, admits, decide, drift_report, load_budget
-from opdflow.config import ConfigError, PipelineConfig
+from opdflow.config import PipelineConfig
+from opdflow.errors import ConfigError
 
 
 def _m(recipe, d, low, high, seconds=4.0):

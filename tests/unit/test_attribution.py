@@ -4,7 +4,8 @@ import pytest
 
 from opdflow.analysis.attribution import attribute
 from opdflow.analysis.measure import MeasureSession
-from opdflow.config import PipelineConfig, load_pipeline
+from opdflow.config import PipelineConfig
+from opdflow.config.loader import load_pipeline
 
 pytestmark = pytest.mark.slow  # builds the planted tiny models once per cache (minutes)
 

@@ -12,8 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from opdflow.cli import main
-from opdflow.commands.console import open_resume
-from opdflow.config import ConfigError, PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
+from opdflow.driver.session import open_resume
+from opdflow.errors import ConfigError
 from opdflow.runtime.rundir import RunDir
 from opdflow.testbed.models import resolve_models
 
@@ -272,7 +274,7 @@ def test_mlflow_defaults_to_sqlite_in_the_run_directory(tmp_path, monkeypatch):
     ],
 )
 def test_vllm_version_floor(version, ok):
-    from opdflow.engines.vllm_engine import VLLM_MIN, check_vllm_version
+    from opdflow.engines.vllm_version import VLLM_MIN, check_vllm_version
 
     assert VLLM_MIN == "0.19.0"
     if ok:
@@ -283,7 +285,7 @@ def test_vllm_version_floor(version, ok):
 
 
 def test_cli_run_refuses_an_old_or_missing_vllm_before_anything_starts(tmp_path, monkeypatch):
-    import opdflow.engines.vllm_engine as vllm_engine
+    import opdflow.engines.vllm_version as vllm_version
     import opdflow.runtime.cluster
 
     def no_ray(*args, **kwargs):
@@ -292,12 +294,12 @@ def test_cli_run_refuses_an_old_or_missing_vllm_before_anything_starts(tmp_path,
     monkeypatch.setattr(opdflow.runtime.cluster, "connect", no_ray)
     out_dir = tmp_path / "run"
     args = ["run", "pipelines/tiny_cpu.py", "--set", "engine.kind=vllm", "--run-dir", str(out_dir)]
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "0.10.2")
+    monkeypatch.setattr(vllm_version, "installed_vllm", lambda: "0.10.2")
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert "engine.kind = 'vllm' needs vLLM >= 0.19.0" in result.output
     assert "vLLM 0.10.2 is installed" in result.output
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: None)
+    monkeypatch.setattr(vllm_version, "installed_vllm", lambda: None)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "which is not installed here" in result.output
     assert not out_dir.exists()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from batches import sampled_batch
+from support.batches import sampled_batch
 
 from opdflow.runtime.cast import BF16Cast, bf16_entries
 from opdflow.runtime.weights import allocate, views

@@ -130,7 +130,7 @@ HEADER_OVERRIDES = {
 
 
 def _pipeline_specs() -> list[str]:
-    from opdflow.config import pipeline_functions
+    from opdflow.config.loader import pipeline_functions
 
     return [
         f"{path.name}:{fn}"
@@ -145,7 +145,7 @@ def _meant_for(spec: str, cluster: str) -> bool:
 
 @pytest.mark.parametrize("cluster", [p.name for p in sorted(CLUSTER.glob("*.yaml"))])
 def test_every_shipped_pipeline_fits_every_cluster_file_meant_for_it(cluster):
-    from opdflow.config import load_pipeline
+    from opdflow.config.loader import load_pipeline
     from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
     cf = load_cluster_file(CLUSTER / cluster)
@@ -167,7 +167,8 @@ def test_every_shipped_pipeline_fits_every_cluster_file_meant_for_it(cluster):
 def test_dapo_math_places_on_the_aws_file_as_its_header_says():
     """The paper's 8 GPUs on the learner_teacher node; replicas beyond them on rollout nodes,
     one each, up to the file's max_workers."""
-    from opdflow.config import ConfigError, load_pipeline
+    from opdflow.config.loader import load_pipeline
+    from opdflow.errors import ConfigError
     from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
     cf = load_cluster_file(CLUSTER / "aws-gpu.yaml")
@@ -242,7 +243,8 @@ def test_a_cluster_file_whose_nodes_are_too_small_is_refused_naming_stage_ask_an
     ],
 )
 def test_what_a_cluster_file_must_state_and_allow(tmp_path, edit, match):
-    from opdflow.config import ConfigError, load_pipeline
+    from opdflow.config.loader import load_pipeline
+    from opdflow.errors import ConfigError
     from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
     cfg = load_pipeline(
@@ -253,7 +255,7 @@ def test_what_a_cluster_file_must_state_and_allow(tmp_path, edit, match):
 
 
 def test_local_and_kuberay_files_read_their_ray_start_resources(tmp_path):
-    from opdflow.config import ConfigError
+    from opdflow.errors import ConfigError
     from opdflow.runtime.clusterfile import load_cluster_file
 
     local = load_cluster_file(CLUSTER / "local-onprem.yaml")

@@ -1,6 +1,9 @@
 import pytest
 
-from opdflow.config import ConfigError, PipelineConfig, apply_overrides, load_pipeline
+from opdflow.config import PipelineConfig
+from opdflow.config.loader import load_pipeline
+from opdflow.config.overrides import apply_overrides
+from opdflow.errors import ConfigError
 
 
 def test_defaults_validate_and_round_trip_through_a_dict():

@@ -98,7 +98,8 @@ def test_summarize_reads_accuracy_from_heldout_rows_when_the_task_has_answers(tm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from opdflow.config import PipelineConfig, apply_overrides
+    from opdflow.config import PipelineConfig
+    from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import summarize
     from opdflow.runtime.rundir import RunDir
 

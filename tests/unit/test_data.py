@@ -2,7 +2,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 from opdflow.testbed.data import PromptSampler, load_prompts
 
 

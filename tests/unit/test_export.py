@@ -11,7 +11,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from opdflow.config import ConfigError, PipelineConfig, TrainConfig
+from opdflow.config import PipelineConfig, TrainConfig
+from opdflow.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from opdflow.config import ConfigError, load_pipeline, pipeline_functions
+from opdflow.config.loader import load_pipeline, pipeline_functions
+from opdflow.errors import ConfigError
 from opdflow.runtime.placement import fit, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from opdflow.config import ConfigError
+from opdflow.errors import ConfigError
 from opdflow.testbed.data import load_prompts
 from opdflow.testbed.grader import MathGrader, make_grader
 

@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from batches import sampled_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.batches import sampled_batch
 
 from opdflow.compute.scoring import score_batch, score_tokens
 from opdflow.config import TrainConfig

@@ -12,8 +12,10 @@ from click.testing import CliRunner
 from opdflow.analysis.calibration import RunPoint, crossing_line, derive_bracket, points_from_runs
 from opdflow.analysis.quality import compare_runs, load_run
 from opdflow.cli import main
-from opdflow.config import ConfigError, PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.core.stats import paired_diff_ci
+from opdflow.errors import ConfigError
 from opdflow.runtime.rundir import RunDir
 
 TOKENS = 20

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from opdflow.engines.fakequant import fake_fp8
-from opdflow.engines.kvcache import FP8WriteLayer, quantized_cache
+from opdflow.engines.kvcache import FP8WriteLayer, make_cache, quantized_cache
 from opdflow.engines.torch_engine import TorchEngine
 from opdflow.testbed.models import load_model
 
@@ -107,13 +107,13 @@ def test_fp8_kv_cache_stores_e4m3_states_in_the_chosen_layers(tiny, inputs, keys
 
 def test_recipe_through_the_engine_builds_the_quantizing_cache(tiny, tokenizer):
     eng = _engine(tiny, tokenizer, "fp8_kv(kv_bf16_layers=[0])")
-    cache = eng.recipe.make_cache(eng.model.config)
+    cache = make_cache(eng.recipe, eng.model.config)
     assert [type(c).__name__ for c in cache.layers] == [
         "DynamicLayer",
         "FP8WriteLayer",
         "FP8WriteLayer",
     ]
-    assert _engine(tiny, tokenizer, "fp8").recipe.make_cache(eng.model.config) is None
+    assert make_cache(_engine(tiny, tokenizer, "fp8").recipe, eng.model.config) is None
 
 
 @torch.no_grad()
@@ -124,7 +124,7 @@ def test_fp8_kv_scale_is_the_prefill_amax_or_unit(tiny, tokenizer, inputs):
     model = load_model(str(tiny.student))
     scales = {}
     for recipe in ("fp8_kv", "fp8_kv(scale=unit)"):
-        cache = _engine(tiny, tokenizer, recipe).recipe.make_cache(model.config)
+        cache = make_cache(_engine(tiny, tokenizer, recipe).recipe, model.config)
         out = model(input_ids=inputs[:, :-1], use_cache=True, cache=cache)
         layer = cache.layers[2]
         prefill_keys = layer.keys.clone()

@@ -2,8 +2,9 @@
 
 import pytest
 
-from opdflow.config import ConfigError
-from opdflow.engines.recipes import KNOWN, parse_recipe, vllm_options, with_parts
+from opdflow.core.recipe import KNOWN, parse_recipe, with_parts
+from opdflow.engines.recipes import vllm_options
+from opdflow.errors import ConfigError
 
 EXAMPLES = [
     "bf16",

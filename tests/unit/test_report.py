@@ -3,22 +3,14 @@
 import math
 
 import pytest
-from report_runs import make_run, make_sweep
+from support.report_runs import make_run, make_sweep
 
-from opdflow.analysis.report import (
-    accuracy_curve,
-    bottleneck,
-    busy_shares,
-    expand_run_dirs,
-    heldout_curve,
-    is_sweep,
-    load_run,
-    run_shares,
-    sweep_rows,
-    version_times,
-    write_report,
-)
-from opdflow.config import ConfigError
+from opdflow.analysis.bottleneck import bottleneck, busy_shares, run_shares
+from opdflow.analysis.curves import accuracy_curve, heldout_curve, version_times
+from opdflow.analysis.report import write_report
+from opdflow.analysis.runs import Run, expand_run_dirs
+from opdflow.analysis.throughput import is_sweep, sweep_rows
+from opdflow.errors import ConfigError
 from opdflow.runtime.profiler import union_seconds
 
 
@@ -68,15 +60,15 @@ def test_heldout_curve_pools_tokens_and_times_versions():
 
 def test_shares_from_spans_and_from_metrics(tmp_path):
     # generator 0.3 s, learner 0.2 s per step, overlapped (k=2): step 0.3 s, wait 0.1 s
-    with_spans = load_run(make_run(tmp_path / "a", k=2))
+    with_spans = Run(make_run(tmp_path / "a", k=2))
     sh = run_shares(with_spans)
     assert sh.source == "spans" and sh.trainer_wait == pytest.approx(1 / 3)
-    without = load_run(make_run(tmp_path / "b", k=2, spans=False))
+    without = Run(make_run(tmp_path / "b", k=2, spans=False))
     sh2 = run_shares(without)
     assert sh2.source.startswith("metrics") and sh2.generator_busy == pytest.approx(1.0)
     assert bottleneck(sh2.trainer_wait, sh2.generator_busy).startswith("generation-bound")
     # learner slower than generation: trainer-bound
-    slow = load_run(make_run(tmp_path / "c", k=2, gen_s=0.1, train_s=0.4, spans=False))
+    slow = Run(make_run(tmp_path / "c", k=2, gen_s=0.1, train_s=0.4, spans=False))
     sh3 = run_shares(slow)
     assert sh3.trainer_wait == pytest.approx(0.0)
     assert bottleneck(sh3.trainer_wait, sh3.generator_busy).startswith(
@@ -86,13 +78,14 @@ def test_shares_from_spans_and_from_metrics(tmp_path):
 
 def test_sweep_rows_and_detection(tmp_path):
     sweep = make_sweep(tmp_path / "sweep", ks=(0, 2, 4))
-    runs = [load_run(p) for p in expand_run_dirs([sweep])]
+    runs = [Run(p) for p in expand_run_dirs([sweep])]
     assert [r.k for r in runs] == [0, 2, 4] and is_sweep(runs)
     assert not is_sweep(runs[:1])
     rows = sweep_rows(runs)
     assert [r["k"] for r in rows] == [0, 2, 4]
-    assert rows[0]["ratio_to_first_k"] == pytest.approx(1.0)
-    assert rows[1]["ratio_to_first_k"] == pytest.approx(0.5 / 0.3)
+    assert [r["run"] for r in rows] == ["k=0", "k=2", "k=4"]
+    assert rows[0]["ratio_to_k0"] == pytest.approx(1.0)
+    assert rows[1]["ratio_to_k0"] == pytest.approx(0.5 / 0.3)
     assert all(math.isfinite(r["heldout_kl_end"]) for r in rows)
 
 
@@ -145,7 +138,7 @@ def test_accuracy_curve_plot_and_table_only_when_the_task_has_answers(tmp_path):
     import pyarrow.parquet as pq
 
     run = make_run(tmp_path, k=1, spans=False)
-    curve = accuracy_curve(load_run(run))
+    curve = accuracy_curve(Run(run))
     assert [v for v, _ in curve] == [0, 4, 8, 12]
     assert curve[0][1] == pytest.approx(0.25) and curve[-1][1] == pytest.approx(0.85)
     page = write_report([run], tmp_path / "with").read_text()
@@ -157,7 +150,7 @@ def test_accuracy_curve_plot_and_table_only_when_the_task_has_answers(tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     cfg["data"]["heldout"] = str(prompts)
     (run / "config.json").write_text(json.dumps(cfg))
-    assert accuracy_curve(load_run(run)) == []
+    assert accuracy_curve(Run(run)) == []
     page = write_report([run], tmp_path / "without").read_text()
     assert "held-out accuracy" not in page.lower()
     assert not (tmp_path / "without" / "heldout_accuracy_vs_step.png").exists()

@@ -1,9 +1,10 @@
 """The adaptive staleness policy, driven by a pure simulation of the controller's loop.
 
-`simulate` mirrors controller.run_pipeline step by step: generation for step s is launched
-once version s - k exists, with the freshest version, through FIFO stage servers
-(generator, rescorer, teacher); the learner waits for its step's batch, drops and
-regenerates it when it breaks the bound, trains, publishes, and reports to the policy.
+`simulate` mirrors controller.run_pipeline step by step, through the controller's launch
+rule (core/launch.py): generation for step s is launched once version s - k exists, with
+the freshest version, through FIFO stage servers (generator, rescorer, teacher); the
+learner waits for its step's batch, drops and regenerates it when it breaks the bound,
+trains, publishes, and reports to the policy.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from opdflow.core.adaptive import AdaptiveStaleness
+from opdflow.core.launch import Launches
 from opdflow.core.staleness import (
     Decision,
     FixedStaleness,
     StalenessPolicy,
     StepObservation,
-    launch_version,
-    within_bound,
 )
 
 
@@ -61,7 +61,8 @@ def simulate(
 
     free = [0.0] * len(stage_s)  # when each stage server is next idle
     pending: dict[int, tuple[int, float]] = {}  # step -> (version, ready time)
-    latest, now, next_launch, prev_end = 0, 0.0, 0, 0.0
+    latest, now, prev_end = 0, 0.0, 0.0
+    gate = Launches(policy, steps)
     out = SimResult()
 
     def launch(step: int, at: float) -> None:
@@ -71,10 +72,8 @@ def simulate(
         pending[step] = (latest, t)
 
     def launch_ready(at: float) -> None:
-        nonlocal next_launch
-        while next_launch < steps and launch_version(next_launch, policy.k, latest) is not None:
-            launch(next_launch, at)
-            next_launch += 1
+        for step, _ in gate.due(latest):
+            launch(step, at)
 
     launch_ready(0.0)
     for step in range(steps):
@@ -83,9 +82,8 @@ def simulate(
             version, ready = pending.pop(step)
             wait += max(0.0, ready - now)
             now = max(now, ready)
-            if within_bound(step, version, policy.k):
+            if gate.admit(step, version):
                 break
-            out.dropped += 1
             launch(step, now)
         k_used = policy.k
         now += noisy(train_s)
@@ -102,6 +100,7 @@ def simulate(
         out.d_stale.append(d)
         prev_end = now
         launch_ready(now)
+    out.dropped = gate.dropped
     return out
 
 

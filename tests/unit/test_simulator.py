@@ -5,17 +5,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from opdflow.analysis.simulator import (
-    LengthModel,
-    SimConfig,
-    StageTimes,
-    grid,
-    simulate,
-    smallest_saturated,
-)
-from opdflow.config import ConfigError
+from opdflow.analysis.lengths import LengthModel
+from opdflow.analysis.simulator import SimConfig, grid, simulate, smallest_saturated
+from opdflow.analysis.stage_times import StageTimes
 from opdflow.core.adaptive import AdaptiveStaleness
+from opdflow.core.launch import replay
+from opdflow.core.policy import make_policy
 from opdflow.core.staleness import FixedStaleness, within_bound
+from opdflow.errors import ConfigError
 
 
 def _period(result, n: int = 10) -> float:
@@ -115,6 +112,20 @@ def test_adaptive_runs_the_real_policy_and_hides_generation():
     assert adaptive.decisions and adaptive.decisions[0].new_k > 0
     assert adaptive.k_final >= 1
     assert adaptive.updates_per_hour > 1.3 * sync.updates_per_hour
+
+
+def test_the_simulator_trains_what_the_controllers_launch_rule_says():
+    """The schedule is core/launch.py's rule, which the controller drives: a fresh policy fed
+    the simulated steps' observations trains every step at the simulated version, with the
+    same k in effect and the same batches dropped."""
+    cfg = SimConfig(generators=3, k="adaptive", k_max=4, steps=300)
+    r = simulate(_noisy_times(), cfg)
+    assert any(d.new_k < d.old_k for d in r.decisions) and r.dropped > 0  # k lowered: drops
+    trained = replay(make_policy(cfg.staleness), r.observations)
+    assert [t.step for t in trained] == [s.step for s in r.schedule]
+    assert [t.version for t in trained] == [s.version for s in r.schedule]
+    assert [t.k for t in trained[:-1]] == [s.k for s in r.schedule[1:]]  # k after step s
+    assert trained[-1].dropped == r.dropped
 
 
 def test_longer_responses_slow_the_synchronous_step():

@@ -6,20 +6,12 @@ import math
 
 import pytest
 
-from opdflow.config import PipelineConfig, apply_overrides
-from opdflow.engines.recipes import parse_recipe
-from opdflow.study.plan import (
-    PROBE_FAIL,
-    PROBE_PASS,
-    Claim,
-    RunResult,
-    StudyResults,
-    arm_verdict,
-    claims,
-    needs_repeat,
-    plan,
-    rl_breaks,
-)
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
+from opdflow.core.recipe import parse_recipe
+from opdflow.study.claims import claims
+from opdflow.study.plan import PROBE_FAIL, PROBE_PASS, needs_repeat, plan
+from opdflow.study.results import Claim, RunResult, StudyResults, arm_verdict, rl_breaks
 from opdflow.testbed.tiny import worked
 
 
@@ -169,7 +161,7 @@ def test_claims_from_hand_made_results():
         ),
     ]
     res = StudyResults(scale={}, tau=0.2, runs=runs, gradient=grad)
-    from opdflow.study.plan import bracket_of
+    from opdflow.study.results import bracket_of
 
     res.bracket = bracket_of(runs)
     assert res.bracket["largest_pass"] == 0.5 and res.bracket["smallest_fail"] == 2.0
@@ -189,25 +181,29 @@ def test_claims_from_hand_made_results():
 def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
     import json
 
-    import click
     from rich.console import Console
 
-    from opdflow.commands.study import _train_one
+    from opdflow.commands.study import train_one
+    from opdflow.driver.session import Session
+    from opdflow.errors import ConfigError
 
     scale, arms = plan(quick=True)
     d = tmp_path / "runs" / f"{arms[0].slug}-seed0"
     d.mkdir(parents=True)
     other = apply_overrides(PipelineConfig(), [*arms[0].overrides(scale, 0), "train.lr=1e-3"])
     (d / "config.json").write_text(json.dumps(other.to_dict()))
-    (d / "study.json").write_text(json.dumps({"seconds": 1.0}))
-    with pytest.raises(click.UsageError, match="another config"):
-        _train_one(scale, arms[0], 0, tmp_path, (), Console(quiet=True), "[1/1]")
+    (d / "summary.json").write_text(json.dumps({"steps": 3}))
+    session = Session()
+    with pytest.raises(ConfigError, match="another config"):
+        train_one(session, scale, arms[0], 0, tmp_path, (), Console(quiet=True), "[1/1]")
     assert json.loads((d / "config.json").read_text())["train"]["lr"] == 1e-3
+    assert json.loads((d / "summary.json").read_text()) == {"steps": 3}
+    assert not session.connected  # refused before Ray
 
 
 def test_each_run_is_judged_against_the_standard_of_its_own_learning_rate(monkeypatch):
-    import opdflow.study.plan as study
-    from opdflow.commands.study import _judge_all
+    import opdflow.study.results as study
+    from opdflow.study.results import judge_all
 
     runs = [
         _run("opd bf16", path="std"),
@@ -218,7 +214,7 @@ def test_each_run_is_judged_against_the_standard_of_its_own_learning_rate(monkey
         _run("grpo noise(1)", path="grpo-noisy", recipe="noise(1)", loss="grpo", experiment="rl"),
     ]
     monkeypatch.setattr(study, "judge", lambda r, base, tau: {"base": base.path, **_verdict(0, 0)})
-    _judge_all(StudyResults(scale={}, tau=0.2, runs=runs), 0.2)
+    judge_all(StudyResults(scale={}, tau=0.2, runs=runs), 0.2)
     base = {r.path: r.verdict and r.verdict["base"] for r in runs}
     assert base == {
         "std": None,

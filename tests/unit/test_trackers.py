@@ -7,7 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from opdflow.config import ConfigError, PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
+from opdflow.errors import ConfigError
 from opdflow.runtime.rundir import RunDir, read_table
 from opdflow.runtime.trackers import flatten, k_policy, open_trackers, run_params, scalars
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from opdflow.config import ConfigError
-from opdflow.engines.vllm_engine import cpu_thread_binding, runtime_options
+from opdflow.engines.vllm_settings import context_length, cpu_thread_binding, runtime_options
+from opdflow.errors import ConfigError
 
 
 def test_gpu_gets_cuda_graphs_and_prefix_caching_cpu_runs_eager():
@@ -45,7 +45,5 @@ def test_cpu_ranks_get_disjoint_cores(monkeypatch):
 
 
 def test_the_engine_plans_for_the_runs_sequences_within_the_models_context():
-    from opdflow.engines.vllm_engine import _context
-
-    assert _context(2048 + 16384, 131072) == 18432  # dapo_math on a 131k-context model
-    assert _context(520, 256) == 256 and _context(None, 256) == 256
+    assert context_length(2048 + 16384, 131072) == 18432  # dapo_math on a 131k-context model
+    assert context_length(520, 256) == 256 and context_length(None, 256) == 256

@@ -45,12 +45,10 @@ def test_a_version_never_released_breaks_the_bound():
     import pytest
 
     from opdflow.config import StalenessConfig
-    from opdflow.runtime.weights import live_bound
+    from opdflow.core.policy import make_policy
 
-    assert live_bound(StalenessConfig(k=2)) == 4
-    assert live_bound(StalenessConfig(policy="adaptive", k=0, k_max=8)) == 10
     store = WeightStore()
-    bound = live_bound(StalenessConfig(k=0))
+    bound = make_policy(StalenessConfig(k=0)).live_versions  # test_staleness: k_max + 2
     for v in range(bound):
         store.publish(WeightsRef(v, f"ref{v}", 10))
         store.check_bound(bound)

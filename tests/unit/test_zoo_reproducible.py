@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from opdflow.config import TaskSpec, TinyModelSpec
-from opdflow.testbed.zoo import _build, build_env, ensure_tiny
+from opdflow.testbed.zoo import build, build_env, ensure_tiny
 
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
@@ -69,5 +69,5 @@ def test_portable_builds_are_equal_on_the_emulated_machines(tmp_path, monkeypatc
 def test_a_default_build_in_the_child_equals_one_in_this_process(tmp_path):
     child = ensure_tiny(SPEC, TASK, str(tmp_path / "child"), log=lambda _: None)
     assert child.info["kernels"]["mkl_cbwr"] == os.environ.get("MKL_CBWR", "")
-    _build(SPEC, TASK, tmp_path / "here", lambda _: None)
+    build(SPEC, TASK, tmp_path / "here", lambda _: None)
     assert _weights(tmp_path / "here") == _weights(child.root)

@@ -314,9 +314,10 @@ def test_fp8_kv_d_agrees_between_the_torch_emulation_and_vllm(
 ):
     """Both scale rules mean the same in both engines: the scales vLLM ends up with are the
     emulation's, and so is the mismatch D they cause (same prompts, each engine's samples)."""
-    from opdflow.engines.recipes import parse_recipe
+    from opdflow.core.recipe import parse_recipe
+    from opdflow.engines.kvcache import make_cache
     from opdflow.engines.torch_engine import TorchEngine
-    from opdflow.engines.vllm_engine import engine_options
+    from opdflow.engines.vllm_settings import engine_options
 
     assert engine_options("fp8_kv", 3) == {"kv_cache_dtype": "fp8"}
     assert engine_options("fp8_kv(scale=unit)", 3) == {"kv_cache_dtype": "fp8"}
@@ -347,7 +348,7 @@ def test_fp8_kv_d_agrees_between_the_torch_emulation_and_vllm(
     # the scales: 1.0 for unit; for amax, the emulation's rule on the same prefill
     assert set(scales["fp8_kv(scale=unit)"].values()) == {(1.0, 1.0)}
     model = emulation.model  # the emulation's cache after the same prefill
-    cache = parse_recipe("fp8_kv").make_cache(model.config)
+    cache = make_cache(parse_recipe("fp8_kv"), model.config)
     ids = torch.tensor([list(p) for p in prompts for _ in range(8)])
     with torch.no_grad():
         model(input_ids=ids, use_cache=True, **{emulation._cache_kw: cache})
@@ -429,7 +430,7 @@ def test_cpu_fp8_kv_write_rounds_toward_zero():
     ],
 )
 def test_recipe_names_map_to_vllm_options(recipe, expected):
-    from opdflow.engines.vllm_engine import engine_options
+    from opdflow.engines.vllm_settings import engine_options
 
     assert engine_options(recipe, 3) == expected
 
@@ -438,8 +439,8 @@ def test_recipe_names_map_to_vllm_options(recipe, expected):
     "recipe", ["noise(0.1)", "fp9", "fp8_kv(keys=1)", "fp8_kv(keys_only=true)", "nvfp4"]
 )
 def test_unsupported_recipes_are_refused_by_name(recipe):
-    from opdflow.config import ConfigError
-    from opdflow.engines.vllm_engine import engine_options
+    from opdflow.engines.vllm_settings import engine_options
+    from opdflow.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"recipe"):
         engine_options(recipe, 3)

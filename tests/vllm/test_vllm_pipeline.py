@@ -10,7 +10,8 @@ import math
 import pytest
 import ray
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.core.mismatch import exact_kl
 from opdflow.engines.base import GenerationRequest, SamplingParams
 

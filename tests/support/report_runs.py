@@ -6,7 +6,8 @@ import math
 import os
 from pathlib import Path
 
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.runtime.rundir import RunDir
 
 
@@ -148,7 +149,8 @@ def make_sweep(root: Path, ks=(0, 1, 2, 4), admission: bool = True) -> Path:
     return root
 
 
-if __name__ == "__main__":  # python tests/report_runs.py DIR: a sweep to look at
+# a sweep to look at: PYTHONPATH=.:tests python -m support.report_runs DIR
+if __name__ == "__main__":
     import sys
 
     print(make_sweep(Path(sys.argv[1] if len(sys.argv) > 1 else os.getcwd()) / "sweep"))
