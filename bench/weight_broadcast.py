@@ -1,29 +1,35 @@
 """The run's own weight path, per transport, next to a memcpy of the same bytes.
 
     PYTHONPATH=. python bench/weight_broadcast.py [--gb 1.5] [--repeats 3] [--threads 1]
-                                                  [--transport both] [--out FILE]
+                              [--transport both] [--cast-in background|caller] [--out FILE]
     PYTHONPATH=. python bench/weight_broadcast.py --quick      # CI size: seconds
 
 A learner actor (LearnerActor with an FP32 state of 4M-element tensors in place of a model:
-`LearnerActor._publish` unchanged) publishes a version; a generator-like actor (a
-StageActor with a BF16 module of the same tensors) fetches and loads it with
-`StageActor.ensure_weights`, as GeneratorWorker does. For each transport:
+`LearnerActor._publish` unchanged) trains and publishes; a generator-like actor (a
+StageActor with a BF16 module of the same tensors) fetches and loads each version with
+`StageActor.ensure_weights`, as GeneratorWorker does. The learner's step is the least any
+step over such a state does: its forward and backward each read every weight, a fixed CPU
+workload stands for their compute, and its optimizer stand-in waits for the running cast
+(as Learner does before its optimizer step) and then updates every weight in place. For
+each transport, per repeat:
 
-- publish_critical: what the learner's step waits for (the FP32 -> BF16 cast into its
-  reused buffer, and handing it to the transport), timed inside the actor;
-- put (object_store only): the ray.put that follows in a learner thread, off the critical
-  path (timed in that thread);
+- publish_critical: what the learner loses to one publish: the seconds the publish call
+  blocks it, plus how much longer the next step takes than a step with nothing being cast
+  or put (each measured right before; the increase holds the step's wait for the cast and
+  the slowdown the cast's and the put's memory traffic cause beside it);
+- cast (in its thread) and put (object_store only, in a learner thread, once cast): seconds;
 - fetch_load: the consumer's fetch span, from the ref to the weights in its module
   (object_store: zero-copy get + one copy into the parameters; collective: receive on its
-  gloo/NCCL pair with the learner + one copy);
-- next_step_slowdown: a fixed CPU workload the learner runs right after publishing (the
-  next step), with the put running beside it, over the same workload alone.
+  gloo/NCCL pair with the learner + one copy).
 
-memcpy: single-thread np.copyto of the state's BF16 bytes in the driver, run right before
-each timed publish and each fetch; a ratio is a repeat's seconds over its adjacent memcpy,
-and the reported ratio is the median over --repeats (after one warm-up; the first fetch
-also opens the collective's pair). The consumer's weights are checked byte for byte
-against the learner's BF16 cast. Default size: 1.5 GB, 15 GB where CUDA is visible.
+`--cast-in caller` casts inside the publish call instead (a sharded learner's path, and the
+path before the cast moved beside the next step). memcpy: single-thread np.copyto of the
+state's BF16 bytes in the driver, run right before each timed publish and each fetch; a
+ratio is a repeat's seconds over its adjacent memcpy, and the reported ratio is the median
+over --repeats (after one warm-up; the first fetch also opens the collective's pair). The
+weights the consumer loaded last are checked byte for byte against a plain BF16 cast
+(`to(torch.bfloat16)`) of the learner's weights that version was published from. Default
+size: 1.5 GB, 15 GB where CUDA is visible.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import numpy as np
 GB = 1e9
 TENSOR_ELEMENTS = 4 * 2**20
 TRANSPORTS = ("object_store", "collective")
+CAST_IN = ("background", "caller")
 
 
 def make_shapes(nbytes_bf16: int) -> list[tuple[str, int]]:
@@ -68,58 +75,88 @@ def _module(shapes: list[tuple[str, int]], dtype: Any, seed: int) -> Any:
 
 
 class StateLearner:
-    """Stands in for stages/learner.py's Learner in the bench: an FP32 state and the same
-    cast (weights.write_bf16) into the publisher's buffer."""
+    """Stands in for stages/learner.py's Learner in the bench: an FP32 state, the same cast
+    (cast.BF16Cast: beside the next step, as on a one-worker CPU learner, or in the caller
+    with `cast_in="caller"`) and a minimal step over the state: a forward and backward
+    stand-in (each reads every weight once, then a fixed CPU workload), then the optimizer
+    stand-in, which settles the cast first (as Learner does before its optimizer step) and
+    updates every weight in place."""
 
-    def __init__(self, shapes: list[tuple[str, int]]):
+    def __init__(self, shapes: list[tuple[str, int]], cast_in: str = "background"):
         import torch
+
+        from opdflow.runtime.cast import BF16Cast
 
         self.model = _module(shapes, torch.float32, seed=0)
         self.version = 0
         self.device = torch.device("cpu")
+        self.cast = BF16Cast(background=cast_in == "background")
 
     def bf16_entries(self) -> list:
-        from opdflow.runtime.weights import bf16_entries
+        from opdflow.runtime.cast import bf16_entries
 
         return bf16_entries(self.model.state_dict())
 
-    def write_bf16(self, packed: Any) -> None:
-        from opdflow.runtime.weights import write_bf16
+    def cast_bf16(self, packed: Any) -> Any:
+        return self.cast.start(self.model.state_dict(), packed)
 
-        write_bf16(self.model.state_dict(), packed)
+    def train_step(self, work_n: int) -> float:
+        """Seconds of one step: forward and backward read every weight, `work_n` rounds of
+        a fixed matmul stand for their compute, then the update (after the cast settles)."""
+        import torch
+
+        weights = list(self.model.parameters())
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in ("forward", "backward"):
+                for w in weights:
+                    w.sum()
+            work(work_n)
+            self.cast.settle()
+            for w in weights:
+                w.mul_(1 - 2**-9)
+        return time.perf_counter() - t0
+
+
+def work(n: int) -> float:
+    """Seconds of a fixed CPU workload (a stand-in for a step's compute)."""
+    import torch
+
+    a = torch.ones(384, 384)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a = (a @ a).clamp_(-1, 1)
+    return time.perf_counter() - t0
 
 
 def learner_actor_class() -> type:
     """LearnerActor whose Learner is a StateLearner; its _publish and weights methods run as
     in a pipeline."""
-    from opdflow.runtime.transport import Publisher
+    from opdflow.runtime.publisher import Publisher
     from opdflow.stages import pin_threads
     from opdflow.stages.learner_actor import LearnerActor
 
     class BenchLearner(LearnerActor):
-        def __init__(self, shapes: list[tuple[str, int]], transport: str, threads: int = 1):
+        def __init__(
+            self, shapes: list[tuple[str, int]], transport: str, threads: int, cast_in: str
+        ):
             pin_threads(threads)
             self.rank, self.peers = 0, []
-            self.learner = StateLearner(shapes)
+            self.learner = StateLearner(shapes, cast_in)
             self.publisher = Publisher(transport, self.learner.device)
 
-        def publish_next(self) -> list:
-            """Publish the next version (as after a step): [ref, bytes, critical seconds]."""
+        def publish_next(self) -> tuple[Any, float]:
+            """Publish the next version (as after a step): its WeightsRef and the seconds
+            the publish call blocked the actor."""
             self.learner.version += 1
             return self._publish()
 
-        def work(self, n: int) -> float:
-            """Seconds of a fixed CPU workload (a stand-in for the next step's compute)."""
-            import torch
+        def step(self, work_n: int) -> float:
+            return self.learner.train_step(work_n)
 
-            a = torch.ones(384, 384)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                a = (a @ a).clamp_(-1, 1)
-            return time.perf_counter() - t0
-
-        def put_s(self) -> float:
-            return self.publisher.last_put_s
+        def seconds(self) -> dict[str, float]:
+            """The latest put's and cast's seconds (each in its own thread)."""
+            return {"put_s": self.publisher.last_put_s, "cast_s": self.learner.cast.last_cast_s}
 
         def bf16_digest(self) -> str:
             return digest(self.learner.model)
@@ -145,9 +182,9 @@ def consumer_actor_class() -> type:
             load_module(self.model, state)
             self.version = version
 
-        def fetch(self, version: int, box: list) -> float:
-            """Seconds of the fetch span that brought `version` into the module."""
-            self.ensure_weights(version, self.version, box, -1, self.load_weights, "cpu")
+        def fetch(self, weights: Any) -> float:
+            """Seconds of the fetch span that brought `weights` into the module."""
+            self.ensure_weights(weights, self.version, -1, self.load_weights, "cpu")
             return next(s[4] for s in reversed(self.drain_spans()) if s[0] == "fetch")
 
         def digest(self) -> str:
@@ -184,38 +221,50 @@ class Memcpy:
 
 
 def measure(
-    transport: str, shapes: list, memcpy: Memcpy, repeats: int, work_n: int, threads: int = 1
+    transport: str,
+    shapes: list,
+    memcpy: Memcpy,
+    repeats: int,
+    work_n: int,
+    threads: int = 1,
+    cast_in: str = "background",
 ) -> dict:
     """One transport: per-repeat seconds and ratios, medians; needs a connected Ray."""
     import ray
 
-    from opdflow.stages.learner_actor import CONCURRENCY_GROUPS
+    from opdflow.stages.learner_actor import learner_class
 
     opts = {"num_cpus": 0}
-    learner = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(learner_actor_class())
-    learner = learner.options(**opts).remote(shapes, transport, threads)
+    learner = learner_class(learner_actor_class())
+    learner = learner.options(**opts).remote(shapes, transport, threads, cast_in)
     consumer = ray.remote(consumer_actor_class()).options(**opts).remote(shapes)
     rows = []
-    alone = [ray.get(learner.work.remote(work_n)) for _ in range(2)][-1]
+    ray.get(learner.step.remote(work_n))  # pages and caches warm
     for i in range(repeats + 1):  # the first is a warm-up (buffers, pair, page tables)
         mc_pub = memcpy()
-        ref, nbytes, critical = ray.get(learner.publish_next.remote())
-        with_put = ray.get(learner.work.remote(work_n))  # the next step, beside the put
+        step_alone = ray.get(learner.step.remote(work_n))  # nothing being cast or put
+        if i == repeats:  # a plain cast of the weights the last version is published from
+            expected = ray.get(learner.bf16_digest.remote())
+        weights, blocked = ray.get(learner.publish_next.remote())
+        step_after = ray.get(learner.step.remote(work_n))  # the cast (and put) beside it
         t0 = time.perf_counter()
-        ray.wait([ref], fetch_local=False)  # the handle exists once the version is complete
+        ray.wait([weights.ref], fetch_local=False)  # the handle exists once complete
         ready_s = time.perf_counter() - t0
-        put_s = ray.get(learner.put_s.remote()) if transport == "object_store" else 0.0
+        seconds = ray.get(learner.seconds.remote())
         mc_fetch = memcpy()
-        fetch = ray.get(consumer.fetch.remote(i + 1, [ref]))
+        fetch = ray.get(consumer.fetch.remote(weights))
         if transport == "collective":
-            ray.get(learner.retain.remote([i + 1]))
-        del ref
+            ray.get(learner.retain.remote([weights.version]))
+        del weights
         rows.append({
-            "memcpy_publish_s": mc_pub, "publish_critical_s": critical, "put_s": put_s,
-            "ready_wait_s": ready_s,
-            "memcpy_fetch_s": mc_fetch, "fetch_load_s": fetch, "next_step_s": with_put,
+            "memcpy_publish_s": mc_pub, "publish_blocked_s": blocked,
+            "step_alone_s": step_alone, "step_after_publish_s": step_after,
+            "publish_critical_s": blocked + step_after - step_alone,
+            "cast_s": seconds["cast_s"],
+            "put_s": seconds["put_s"] if transport == "object_store" else 0.0,
+            "ready_wait_s": ready_s, "memcpy_fetch_s": mc_fetch, "fetch_load_s": fetch,
         })  # fmt: skip
-    same = ray.get(consumer.digest.remote()) == ray.get(learner.bf16_digest.remote())
+    same = ray.get(consumer.digest.remote()) == expected
     ray.kill(learner)
     ray.kill(consumer)
     timed = rows[1:]
@@ -228,16 +277,20 @@ def measure(
 
     return {
         "transport": transport,
-        "gb": nbytes / GB,
+        "cast_in": cast_in,
+        "gb": sum(m for _, m in shapes) * 2 / GB,
         "learner_threads": threads,
         "repeats": repeats,
         "memcpy_s": statistics.median(
             [r["memcpy_publish_s"] for r in timed] + [r["memcpy_fetch_s"] for r in timed]
         ),
+        "step_alone_s": med("step_alone_s"),
         "publish_critical_s": med("publish_critical_s"),
+        "cast_s": med("cast_s"),
         "put_s": med("put_s"),
         "fetch_load_s": med("fetch_load_s"),
         "publish_critical_over_memcpy": med_ratio("publish_critical_s", "memcpy_publish_s"),
+        "cast_over_memcpy": med_ratio("cast_s", "memcpy_publish_s"),
         "fetch_load_over_memcpy": med_ratio("fetch_load_s", "memcpy_fetch_s"),
         "publish_fetch_over_memcpy": statistics.median(
             (r["publish_critical_s"] + r["fetch_load_s"])
@@ -245,22 +298,22 @@ def measure(
             * 2
             for r in timed
         ),
-        "next_step_slowdown": med("next_step_s") / alone,
         "bytes_equal": same,
         "rows": rows,
     }
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    print(f"{'transport':>13} {'GB':>5} {'memcpy s':>9} {'publish s':>10} {'put s':>7} "
-          f"{'fetch s':>8} {'publish/mc':>10} {'fetch/mc':>9} {'pub+fetch/mc':>12} "
-          f"{'next step':>9} {'same bytes':>10}")  # fmt: skip
+    print(f"{'transport':>13} {'cast in':>10} {'GB':>5} {'memcpy s':>9} {'step s':>7} "
+          f"{'cast s':>7} {'put s':>6} {'publish s':>10} {'fetch s':>8} {'cast/mc':>8} "
+          f"{'publish/mc':>10} {'fetch/mc':>9} {'pub+fetch/mc':>12} {'same bytes':>10}")  # fmt: skip
     for r in results:
         print(
-            f"{r['transport']:>13} {r['gb']:>5.2f} {r['memcpy_s']:>9.3f} "
-            f"{r['publish_critical_s']:>10.3f} {r['put_s']:>7.3f} {r['fetch_load_s']:>8.3f} "
-            f"{r['publish_critical_over_memcpy']:>9.2f}x {r['fetch_load_over_memcpy']:>8.2f}x "
-            f"{r['publish_fetch_over_memcpy']:>11.2f}x {r['next_step_slowdown']:>8.2f}x "
+            f"{r['transport']:>13} {r['cast_in']:>10} {r['gb']:>5.2f} {r['memcpy_s']:>9.3f} "
+            f"{r['step_alone_s']:>7.3f} {r['cast_s']:>7.3f} {r['put_s']:>6.3f} "
+            f"{r['publish_critical_s']:>10.3f} {r['fetch_load_s']:>8.3f} "
+            f"{r['cast_over_memcpy']:>7.2f}x {r['publish_critical_over_memcpy']:>9.2f}x "
+            f"{r['fetch_load_over_memcpy']:>8.2f}x {r['publish_fetch_over_memcpy']:>11.2f}x "
             f"{r['bytes_equal']!s:>10}",
             flush=True,
         )
@@ -276,11 +329,12 @@ def run(
     work_n: int = 200,
     transports: tuple = TRANSPORTS,
     threads: int = 1,
+    cast_in: str = "background",
 ) -> list:
     """Every transport, one after the other (actors killed between); needs a connected Ray."""
     shapes = make_shapes(int(gb * GB))
     memcpy = Memcpy(sum(m for _, m in shapes) * 2)
-    return [measure(t, shapes, memcpy, repeats, work_n, threads) for t in transports]
+    return [measure(t, shapes, memcpy, repeats, work_n, threads, cast_in) for t in transports]
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -298,6 +352,9 @@ def main() -> None:
     p.add_argument("--transport", choices=[*TRANSPORTS, "both"], default="both")
     p.add_argument("--threads", type=int, default=1,
                    help="The learner's torch threads (resources.learner.torch_threads).")  # fmt: skip
+    p.add_argument("--cast-in", choices=CAST_IN, default="background",
+                   help="Where the learner casts: beside the next step (a one-worker CPU "
+                   "learner) or in the publish call (a sharded learner; before the overlap).")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="CI size: 0.02 GB, one repeat.")
     p.add_argument("--out", default=None, help="Write the medians per transport as JSON here.")
     args = p.parse_args()
@@ -311,7 +368,7 @@ def main() -> None:
     from opdflow.runtime.cluster import connect
 
     connect(2)
-    results = run(args.gb, args.repeats, work_n, transports, args.threads)
+    results = run(args.gb, args.repeats, work_n, transports, args.threads, args.cast_in)
     print_table(results)
     if args.out:
         with open(args.out, "w") as f:

@@ -8,6 +8,7 @@ is wired by the session and wiring.py and handed in; nothing here connects or pl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +41,8 @@ def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any
         if (where := placement.scheduling("learner")) is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
-    args = (student, res.torch_threads, cfg.train, cfg.seed, res.workers, peers, 0, None,
-            weights_transport(cfg), cfg.weights.timeout_s)  # fmt: skip
+    weights = dataclasses.replace(cfg.weights, transport=weights_transport(cfg))
+    args = (student, cfg.train, cfg.seed, res, weights, peers)
     return _actor(learner_class(), res, 0, *args, scheduling=placement.scheduling("learner"))
 
 
@@ -234,8 +235,7 @@ class Stages:
             self.policy.load_state(resume.state["policy"])
             run.truncate(resume.step)
             step = resume.step
-        ref, nbytes = ray.get(self.learner.publish.remote())
-        self.store.publish(step, ref, nbytes)
+        self.store.publish(ray.get(self.learner.publish.remote()))
         return step
 
     def release_weights(self, oldest_needed: int) -> None:
@@ -258,7 +258,7 @@ class Stages:
 
     def transport_event(self) -> dict[str, Any]:
         """Which transport (and collective backend) each consumer's fetches use."""
-        from opdflow.runtime.transport import backend_of
+        from opdflow.runtime.pairs import backend_of
 
         r, how = self.cfg.resources, self.transport
         if how == "collective":
@@ -289,8 +289,7 @@ class Stages:
         """Launch held-out evaluation of a published version (collected later)."""
         c = self.cfg.eval
         self.evals[version] = self.evaluator.heldout.remote(
-            version,
-            [self.store.get(version)],
+            self.store.get(version),
             self.heldout_set.token_ids,
             self.heldout_set.answers,
             c.samples_per_prompt,

@@ -149,16 +149,17 @@ def run_pipeline(
         gate = Launches(policy, steps, first, resume.state["dropped"] if resume else 0)
 
         def launch(step: int, v: int, attempt: int = 0) -> None:
-            gen = st.pool.submit(st.requests(step, attempt, v), store.get(v), step)
+            weights = store.get(v)
+            gen = st.pool.submit(st.requests(step, attempt, v), weights, step)
             refs = [link.ref for link in gen]
-            rescored = st.rescorer.rescore.remote(v, [store.get(v)], *refs, step=step)
+            rescored = st.rescorer.rescore.remote(weights, *refs, step=step)
             scored = st.teacher.score.remote(rescored, step)
             links = [
                 *gen,
                 Link("rescorer", st.rescorer, rescored),
                 Link("teacher", st.teacher, scored),
             ]
-            pending[step] = Pending(v, links, attempt)
+            pending[step] = Pending(weights.version, links, attempt)
 
         def launch_ready() -> None:
             for step, v in gate.due(store.latest):
@@ -208,8 +209,7 @@ def run_pipeline(
                     out = ray.get(st.learner.train_step.remote(step, job.ref))
                 except RayError as exc:
                     raise diagnose(job.links, exc) from exc
-                ref, nbytes = out.pop("weights")
-                store.publish(step + 1, ref, nbytes)
+                store.publish(out.pop("weights"))
                 step_s, uph, elapsed = clock.tick(step + 1)
                 staleness = step - job.version
                 obs = StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)

@@ -39,8 +39,8 @@ class WorkerExtension:
         self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
 
     def opdflow_pair_owner(self) -> str:
-        """This worker's id as one end of a collective weights pair (transport.py)."""
-        from opdflow.runtime.transport import process_id
+        """This worker's id as one end of a collective weights pair (pairs.py)."""
+        from opdflow.runtime.pairs import process_id
 
         return process_id()
 
@@ -48,7 +48,7 @@ class WorkerExtension:
         self, address: str, keys: dict[str, str], backend: str, timeout_s: float, host: str
     ) -> None:
         """Open this worker's pair with the learner (on its own device for NCCL)."""
-        from opdflow.runtime.transport import PairEnd, process_id
+        from opdflow.runtime.pairs import PairEnd, process_id
 
         device = getattr(self, "device", "cpu")
         key = keys[process_id()]

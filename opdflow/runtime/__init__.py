@@ -2,7 +2,7 @@
 
 The Ray connection (cluster.py), placement of actors on nodes (placement.py, clusterfile.py),
 the supervisor and restart record, weights versions and their transports (weights.py,
-transport.py), devices and FSDP sharding, checkpoints, the run directory, the profiler,
+cast.py, transport.py, publisher.py, pairs.py, fetcher.py), devices and FSDP sharding, checkpoints, the run directory, the profiler,
 experiment trackers and the export of a finished run's student.
 
 May import: opdflow.core, opdflow.config, opdflow.errors, ray, torch. Imported by stages/,

@@ -12,8 +12,9 @@ driver's clock. On one machine the clocks are the same; across nodes this relies
 nodes' clocks being synchronised (NTP: typically within a millisecond).
 
 Stages: generator | rescorer | teacher | learner | evaluator (the work itself), publish
-(what the learner's step waits for to publish a new version: its FP32 -> BF16 cast; the
-put or the sends run beside the next step), fetch (an actor's get or receive + load of a
+(what the learner's publish call blocks: the FP32 -> BF16 cast on a sharded learner, else
+only its start; a cast beside the next step, the put or the sends run on, and the next
+learner span holds its wait for the cast), fetch (an actor's get or receive + load of a
 version it did not hold). Nothing heavy is imported at module import.
 """
 

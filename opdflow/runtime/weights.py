@@ -1,15 +1,16 @@
 """Weight versions: one flat buffer per version, the handle consumers resolve, the driver's refs.
 
 A version's bytes are one flat buffer laid out by a manifest (name, dtype, shape, offset of
-each tensor), written once by the learner's FP32 -> BF16 cast and read in place by every
-consumer: `tensor_view` and `views` are zero-copy torch views of the buffer, and
+each tensor), written once by the learner's FP32 -> BF16 cast (cast.py) and read in place
+by every consumer: `tensor_view` and `views` are zero-copy torch views of the buffer, and
 `load_module` copies them straight into a model's parameters (the only copy a consumer
 makes). Torch tensors pickled through Ray are copied on every get; a flat numpy buffer is
 read zero-copy (a 200 MB get took 0.35 ms here). bfloat16 travels as its raw 16-bit
-pattern. What the driver holds per version is an ObjectRef that resolves to a
-`WeightsHandle` (manifest plus where the bytes are: an inner object-store ref, or the
-learner to receive them from by a collective, transport.py); `WeightStore` keeps those refs
-by version, their bytes and the k_max + 2 bound (the staleness policy's `live_versions`).
+pattern. What the driver holds and hands to stages per version is a `WeightsRef`: its
+ObjectRef resolves to a `WeightsHandle` (manifest plus where the bytes are: an inner
+object-store ref, or the learner to receive them from by a collective, transport.py);
+`WeightStore` keeps them by version, their bytes and the k_max + 2 bound (the staleness
+policy's `live_versions`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,28 @@ class WeightsHandle:
     """collective: a pair setup or one version's receive that takes longer fails."""
 
 
+@dataclass(frozen=True)
+class WeightsRef:
+    """A published weights version as the driver holds it and hands it to a stage: its
+    number, the ObjectRef that resolves to its `WeightsHandle` once the version is complete,
+    and the bytes it pins (its buffer's size).
+
+    Ray resolves an ObjectRef given as a call's argument before the call runs; inside this
+    value it travels unresolved, so a stage already at `version` fetches nothing and one that
+    is not resolves it itself (`handle`)."""
+
+    version: int
+    ref: Any
+    nbytes: int | None = None
+    """None: ask the object store for the size of `ref` (`object_nbytes`)."""
+
+    def handle(self) -> WeightsHandle:
+        """The version's handle (blocks until the version is complete)."""
+        import ray
+
+        return ray.get(self.ref)
+
+
 def layout(
     entries: Iterable[tuple[str, Any, tuple[int, ...]]],
 ) -> tuple[tuple[TensorSpec, ...], int]:
@@ -132,37 +155,6 @@ def views(packed: PackedWeights) -> VersionViews:
     out = VersionViews((spec.name, tensor_view(packed, spec)) for spec in packed.specs)
     out.packed = packed
     return out
-
-
-def bf16_entries(state: Mapping[str, Any]) -> list[tuple[str, Any, tuple[int, ...]]]:
-    """(name, dtype, shape) of each tensor as published: floating ones in BF16, in order."""
-    import torch
-
-    return [(n, torch.bfloat16 if v.is_floating_point() else v.dtype, tuple(v.shape))
-            for n, v in state.items()]  # fmt: skip
-
-
-def write_bf16(state: Mapping[str, Any], packed: PackedWeights | None) -> None:
-    """Cast a (FP32) state to BF16 straight into `packed`, laid out by `bf16_entries`: one
-    pass per tensor (copy_ casts as it writes), no other copy. None: take part without a
-    buffer (a data-parallel rank other than 0).
-
-    A tensor is cast where it lives and written wherever the buffer lives (same device: one
-    pass; a GPU tensor into a host buffer: the cast, then one copy). Sharded tensors
-    (DTensor) are all-gathered one at a time, in BF16, so no rank holds more than one full
-    tensor beyond its shards; every rank of their group must call this."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    with torch.no_grad():
-        for i, value in enumerate(state.values()):
-            value = value.detach()
-            if isinstance(value, DTensor):
-                if value.is_floating_point():
-                    value = value.to(torch.bfloat16)
-                value = value.full_tensor()
-            if packed is not None:
-                tensor_view(packed, packed.specs[i]).copy_(value)
 
 
 def pack(state: dict[str, Any], version: int) -> PackedWeights:
@@ -325,16 +317,17 @@ class WeightStore:
     """
 
     def __init__(self) -> None:
-        self._refs: dict[int, Any] = {}
+        self._refs: dict[int, WeightsRef] = {}
         self._nbytes: dict[int, int] = {}
         self.released = 0
         self.peak_live = 0
         self.peak_bytes = 0
 
-    def publish(self, version: int, ref: Any, nbytes: int | None = None) -> None:
-        """Hold `ref` as `version`; `nbytes` defaults to the object's size in the store."""
-        self._refs[version] = ref
-        self._nbytes[version] = object_nbytes(ref) if nbytes is None else int(nbytes)
+    def publish(self, weights: WeightsRef) -> None:
+        """Hold `weights` as its version (its size asked of the object store if not given)."""
+        nbytes = object_nbytes(weights.ref) if weights.nbytes is None else weights.nbytes
+        self._refs[weights.version] = weights
+        self._nbytes[weights.version] = int(nbytes)
         self.peak_live = max(self.peak_live, len(self._refs))
         self.peak_bytes = max(self.peak_bytes, self.bytes_live())
 
@@ -342,7 +335,7 @@ class WeightStore:
     def latest(self) -> int:
         return max(self._refs) if self._refs else -1
 
-    def get(self, version: int) -> Any:
+    def get(self, version: int) -> WeightsRef:
         if version not in self._refs:
             raise KeyError(f"weights version {version} is not held (live: {sorted(self._refs)})")
         return self._refs[version]

@@ -2,7 +2,7 @@
 
 Each stage's logic is a plain class that computes on its own device (device.py) and needs
 no Ray, so it runs in a script or a test as it runs in a pipeline; a thin actor class
-beside it fetches weights versions from the object store, records spans and, for the
+beside it fetches the weights versions it is handed (WeightsRef), records spans and, for the
 learner, leads its data-parallel peers. Each actor pins its torch threads at start so
 stages sharing a few cores do not fight. Only the actor classes import Ray (lazily).
 """
@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opdflow.config import StageResources
 from opdflow.runtime.profiler import SpanRecorder
+
+if TYPE_CHECKING:
+    from opdflow.runtime.weights import WeightsRef
 
 
 def actor_options(
@@ -59,30 +62,27 @@ class StageActor(SpanRecorder):
 
     def ensure_weights(
         self,
-        version: int,
+        weights: WeightsRef,
         current: int,
-        weights_box: list,
         step: int,
         load: Callable[[dict, int], None],
         device: Any = None,
         receiver: Any = None,
     ) -> None:
-        """Unless `current` is already `version`, get that weights version into the model,
-        timed as a "fetch" span. The ref arrives boxed in a list so Ray passes it unresolved:
-        nothing is fetched when the version is current. It resolves to the version's handle
-        once the version is complete; then `load(views, version)` copies zero-copy views of
-        the object-store buffer into the model, or (collective) the version is received on
-        this actor's pair with the learner, into a buffer on `device`, by `receiver`
-        (default: here, then `load`)."""
-        if version == current:
+        """Unless `current` is already `weights.version`, get that version into the model,
+        timed as a "fetch" span: nothing is fetched when the version is current (the ref
+        inside a WeightsRef reaches the actor unresolved). The ref resolves to the version's
+        handle once the version is complete; then `load(views, version)` copies zero-copy
+        views of the object-store buffer into the model, or (collective) the version is
+        received on this actor's pair with the learner, into a buffer on `device`, by
+        `receiver` (default: here, then `load`)."""
+        if weights.version == current:
             return
-        import ray
-
-        from opdflow.runtime.transport import Fetcher, LocalReceiver
+        from opdflow.runtime.fetcher import Fetcher, LocalReceiver
 
         fetcher = self.__dict__.setdefault("_fetcher", Fetcher())
-        with self.span("fetch", step, version) as s:
-            handle = ray.get(weights_box[0])
+        with self.span("fetch", step, weights.version) as s:
+            handle = weights.handle()
             if handle.transport == "collective" and receiver is None:
                 receiver = self.__dict__.get("_receiver")
                 if receiver is None or receiver.load != load:

@@ -27,6 +27,7 @@ import torch
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.runtime.device import stage_device
+from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
 from opdflow.testbed.task import correctness, decoded_responses
 
@@ -149,19 +150,17 @@ class EvaluatorActor(StageActor):
 
     def heldout(
         self,
-        version: int,
-        weights_box: list,
+        weights: WeightsRef,
         prompt_ids: list[list[int]],
         answers: list,
         n: int,
         max_new_tokens: int,
         seed: int,
     ) -> dict:
+        """Held-out evaluation of the student at `weights` (Evaluator.heldout)."""
         stage = self.stage
-        self.ensure_weights(
-            version, stage.version, weights_box, -1, stage.load_weights, stage.device
-        )
-        with self.span("evaluator", -1, version) as s:
+        self.ensure_weights(weights, stage.version, -1, stage.load_weights, stage.device)
+        with self.span("evaluator", -1, weights.version) as s:
             out = stage.heldout(prompt_ids, answers, n, max_new_tokens, seed)
             s["tokens"] = int(sum(out["tokens_P"]))
         return out

@@ -1,8 +1,8 @@
 """The generator stage: rollout-engine replicas and the pool that routes work to them.
 
 A step's prompt groups are split across replicas (least busy first), each replica getting
-all of its share in one call; each replica fetches the weights version it is told to use
-from the object store only when it changes.
+all of its share in one call; each replica fetches the weights version it is handed
+(a WeightsRef) only when it changes.
 The pool keeps between min and max replicas: it adds one when the scheduler asks for more
 generation or queued work exceeds the ready replicas, and retires a replica idle for a
 grace period. A new replica is created without waiting (on a cluster its resource request
@@ -24,6 +24,7 @@ import ray
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, merge_requests
 from opdflow.runtime.supervisor import Link
+from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
 
 
@@ -65,9 +66,14 @@ class GeneratorWorker(StageActor):
             self.grader = make_grader(grader, grader_timeout_s)
 
     def generate(
-        self, request: GenerationRequest, weights_box: list, step: int = -1
+        self, request: GenerationRequest, weights: WeightsRef, step: int = -1
     ) -> RolloutBatch:
-        self._ensure(request.version, weights_box, step)
+        """Sample `request` with the engine at `weights` (the request's version)."""
+        if weights.version != request.version:
+            raise ValueError(
+                f"a request of version {request.version} came with weights {weights.version}"
+            )
+        self._ensure(weights, step)
         with self.span("generator", step, request.version) as s:
             batch = self.engine.generate(request)
             s["tokens"] = batch.num_tokens
@@ -78,24 +84,24 @@ class GeneratorWorker(StageActor):
         return batch
 
     def generate_timed(
-        self, request: GenerationRequest, weights_box: list, step: int = -1
+        self, request: GenerationRequest, weights: WeightsRef, step: int = -1
     ) -> tuple[RolloutBatch, float]:
         """generate() plus its busy seconds (a second, tiny return the pool sizes itself by)."""
         t0 = time.perf_counter()
-        batch = self.generate(request, weights_box, step)
+        batch = self.generate(request, weights, step)
         return batch, time.perf_counter() - t0
 
-    def load(self, version: int, weights_box: list) -> int:
+    def load(self, weights: WeightsRef) -> int:
         """Fetch a weights version now (a new replica joining); returns the loaded version."""
-        self._ensure(version, weights_box, -1)
+        self._ensure(weights, -1)
         return self.engine.version
 
-    def _ensure(self, version: int, weights_box: list, step: int) -> None:
-        """The engine at `version`: vLLM receives a collective version in its own workers
+    def _ensure(self, weights: WeightsRef, step: int) -> None:
+        """The engine at `weights`: vLLM receives a collective version in its own workers
         (its worker extension), the torch engine here."""
         engine = self.engine
         receiver = engine if hasattr(engine, "pair_owners") else None
-        self.ensure_weights(version, engine.version, weights_box, step, engine.load_weights,
+        self.ensure_weights(weights, engine.version, step, engine.load_weights,
                             getattr(engine, "device", None), receiver)  # fmt: skip
 
     def ping(self) -> bool:
@@ -152,7 +158,7 @@ class GeneratorPool:
         self.max_replicas = len(workers) if max_replicas is None else max_replicas
         self.idle_grace_s = idle_grace_s
         self.pending_timeout_s = pending_timeout_s
-        self._latest: tuple[int, Any] | None = None  # newest (version, weights ref) seen
+        self._latest: WeightsRef | None = None  # the newest version submitted
         self._owner: dict[Any, Replica] = {}  # in-flight batch ref -> replica
         self._busy: list[tuple[float, float]] = []  # (time done, busy seconds) per request
         self._peak_queued = 0
@@ -222,16 +228,17 @@ class GeneratorPool:
         return [(targets[t], merge_requests(reqs)) for t, reqs in sorted(share.items())]
 
     def submit(
-        self, requests: list[GenerationRequest], weights_ref: Any, step: int = -1
+        self, requests: list[GenerationRequest], weights: WeightsRef, step: int = -1
     ) -> list[Link]:
-        """Launch one step's requests (see `assign`); returns one Link per replica used."""
+        """Launch one step's requests (see `assign`), sampled at `weights` (their version);
+        returns one Link per replica used."""
         self._refresh()
         if requests:
-            self._latest = (requests[0].version, weights_ref)
+            self._latest = weights
         links = []
         for rep, req in self.assign(requests):
             batch_ref, t_ref = rep.handle.generate_timed.options(num_returns=2).remote(
-                req, [weights_ref], step
+                req, weights, step
             )
             rep.inflight[batch_ref] = t_ref
             rep.last_busy = self.clock()
@@ -292,11 +299,7 @@ class GeneratorPool:
     def _add(self, reason: str) -> dict[str, Any]:
         assert self.make_worker is not None
         handle = self.make_worker()
-        first = (
-            handle.load.remote(self._latest[0], [self._latest[1]])
-            if self._latest
-            else handle.ping.remote()
-        )
+        first = handle.load.remote(self._latest) if self._latest else handle.ping.remote()
         now = self.clock()
         self.replicas.append(Replica(handle, first, last_busy=now, created=now))
         self._last_change = self.clock()

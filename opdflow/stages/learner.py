@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,10 @@ from opdflow.config import TrainConfig
 from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
+from opdflow.runtime.cast import BF16Cast, bf16_entries, write_bf16
 from opdflow.runtime.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
 from opdflow.runtime.fsdp import DistSpec
-from opdflow.runtime.weights import PackedWeights, allocate, bf16_entries, write_bf16
+from opdflow.runtime.weights import PackedWeights, allocate
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class Learner:
         self.version = 0
         self.trained_steps: list[tuple[int, int]] = []  # (step, batch version)
         self.bad_steps = 0
+        self.cast = BF16Cast(background=not self.sharded and self.device.type == "cpu")
+        """Publishing's FP32 -> BF16 cast: beside the next step on an unsharded CPU learner
+        (the step settles it before its optimizer writes the weights), else in the caller."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -180,6 +185,7 @@ class Learner:
             "micro_batches": acc.micro_batches,
             "learner_peak_mem_gb": self._max_over_ranks(peak_memory_gb(self.device)),
             "weights_bytes": self.weights_bytes,
+            "cast_wait_s": self._take_cast_wait(),
         }
 
     def micro_batches(self, batch: RolloutBatch) -> list[np.ndarray]:
@@ -282,6 +288,7 @@ class Learner:
         norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), clip if clip > 0 else float("inf")
         )
+        self.cast.settle()  # the previous version's cast may still be reading the weights
         self.opt.step()
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
@@ -298,17 +305,24 @@ class Learner:
         """(name, dtype, shape) of each published tensor: floating ones in BF16, in order."""
         return bf16_entries(self.model.state_dict())
 
-    def write_bf16(self, packed: PackedWeights | None) -> None:
-        """Cast the current weights to BF16 straight into `packed` (rank 0's buffer, laid
-        out by `bf16_entries`; None on the other ranks): weights.write_bf16. Every rank must
-        call this (sharded tensors are gathered one at a time)."""
-        write_bf16(self.model.state_dict(), packed)
+    def cast_bf16(self, packed: PackedWeights | None) -> Future:
+        """Start casting the current weights to BF16 straight into `packed` (rank 0's
+        buffer, laid out by `bf16_entries`; None on the other ranks): cast.BF16Cast, beside
+        the next step where it can be. The future is done once the bytes are complete.
+        Every rank must call this (sharded tensors are gathered one at a time)."""
+        return self.cast.start(self.model.state_dict(), packed)
+
+    def _take_cast_wait(self) -> float:
+        """Seconds this step waited for the previous version's cast (then reset)."""
+        waited, self.cast.waited_s = self.cast.waited_s, 0.0
+        return waited
 
     def bf16_weights(self) -> PackedWeights | None:
-        """The current weights in BF16 in a new host buffer (rank 0; None on the others);
-        every rank must call this. The learner actor reuses its buffers (transport.py)."""
+        """The current weights in BF16 in a new host buffer, cast now (rank 0; None on the
+        others); every rank must call this. The learner actor publishes through reused
+        buffers instead (publisher.py)."""
         packed = allocate(self.bf16_entries(), self.version) if self.rank == 0 else None
-        self.write_bf16(packed)
+        write_bf16(self.model.state_dict(), packed)
         return packed
 
     # ---------------------------------------------------------------- checkpoints
@@ -325,6 +339,7 @@ class Learner:
         """Every rank reads its shards, from a checkpoint of any number of workers."""
         from opdflow.runtime.checkpoint import load_learner
 
+        self.cast.settle()  # a running cast reads the weights this overwrites
         load_learner(self.model, self.opt, Path(ckpt_dir))
         meta = json.loads((Path(ckpt_dir) / "learner.json").read_text())
         if meta["version"] != step:

@@ -6,11 +6,11 @@ controller sees: it starts ranks 1..N-1 (owned by it, so they die with it), pick
 rendezvous (its node's IP and a free port), and forwards every call that needs all ranks
 (train_step, publish, save/load_checkpoint, sees) to them before running its own part.
 After each step every rank takes part in casting (gathering) the BF16 weights and rank 0
-publishes them as the next version (transport.py): into a buffer it reuses, then either a
-`ray.put` in a thread of its "weights" concurrency group while the next step trains, or
-held for the consumers to receive over their pairs (collective). The ref train_step returns
-resolves only once the version is complete. Create it with `learner_class()`, which
-declares that concurrency group.
+publishes them as the next version: cast into a buffer it reuses (cast.py: beside the next
+step where it can be), then either a `ray.put` in a thread of its "weights" concurrency
+group, or held for the consumers to receive over their pairs (publisher.py). The
+`WeightsRef` train_step returns resolves only once the version is complete. Create it with
+`learner_class()`, which declares that concurrency group.
 """
 
 from __future__ import annotations
@@ -21,17 +21,26 @@ from typing import Any
 
 import ray
 
-from opdflow.config import TrainConfig
+from opdflow.config import LearnerResources, TrainConfig, WeightsConfig
 from opdflow.core.rollout import RolloutBatch
+from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
 
 CONCURRENCY_GROUPS = {"weights": 4}
 """Threads beside the training one: seals (object-store puts), pair setups and sends."""
+RUNTIME_ENV = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}}
+"""torch puts the learner's CPU tensors of 2 MiB or more on transparent huge pages (where
+the kernel allows them on request). Streaming the FP32 weights, as the BF16 cast and the
+optimizer do, ran at ~2/3 the speed on 4 KiB pages here (a TLB miss, and a stop of the
+hardware prefetcher, every 4 KiB); numpy already asks for huge pages for the buffers."""
 
 
-def learner_class() -> Any:
-    """LearnerActor as a Ray actor class (with its "weights" concurrency group)."""
-    return ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(LearnerActor)
+def learner_class(cls: type | None = None) -> Any:
+    """LearnerActor (or a subclass `cls`) as a Ray actor class: its "weights" concurrency
+    group, and its tensors on huge pages."""
+    return ray.remote(concurrency_groups=CONCURRENCY_GROUPS, runtime_env=RUNTIME_ENV)(
+        cls or LearnerActor
+    )
 
 
 class LearnerActor(StageActor):
@@ -40,40 +49,43 @@ class LearnerActor(StageActor):
     def __init__(
         self,
         model_path: str,
-        threads: int,
         train: TrainConfig,
-        seed: int,
-        workers: int = 1,
+        seed: int = 0,
+        resources: LearnerResources | None = None,
+        weights: WeightsConfig | None = None,
         peer_options: list[dict[str, Any]] | None = None,
         rank: int = 0,
         rendezvous: str | None = None,
-        transport: str = "object_store",
-        weights_timeout_s: float = 300.0,
     ):
+        """`resources`: its torch threads and workers (ranks); `weights`: its transport,
+        already resolved ("object_store" or "collective", not "auto"); `peer_options`: the
+        Ray options rank 0 starts each other rank with."""
         from opdflow.runtime.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
-        pin_threads(threads)
+        res = resources or LearnerResources()
+        weights = weights or WeightsConfig(transport="object_store")
+        pin_threads(res.torch_threads)
         self.rank = rank
         self.peers: list[Any] = []
         dist = None
-        if workers > 1:
+        if res.workers > 1:
             if rank == 0:
                 rendezvous = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
-                options = peer_options or [{} for _ in range(workers - 1)]
+                options = peer_options or [{} for _ in range(res.workers - 1)]
                 self.peers = [
                     learner_class()
                     .options(**options[r - 1])
-                    .remote(model_path, threads, train, seed, workers, None, r, rendezvous)
-                    for r in range(1, workers)
+                    .remote(model_path, train, seed, res, weights, None, r, rendezvous)
+                    for r in range(1, res.workers)
                 ]
-            dist = DistSpec(rank, workers, str(rendezvous))
+            dist = DistSpec(rank, res.workers, str(rendezvous))
         self.learner = Learner(model_path, train, seed, dist=dist)
         self.publisher = None
         if rank == 0:
-            from opdflow.runtime.transport import Publisher
+            from opdflow.runtime.publisher import Publisher
 
-            self.publisher = Publisher(transport, self.learner.device, weights_timeout_s)
+            self.publisher = Publisher(weights.transport, self.learner.device, weights.timeout_s)
 
     def _on_peers(self, method: str, *args: Any) -> list:
         return [getattr(peer, method).remote(*args) for peer in self.peers]
@@ -94,41 +106,41 @@ class LearnerActor(StageActor):
 
     def train_step(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
         """Train `step` on `batch`, then publish the new version: the step's metrics, with
-        [ref, bytes] of the version under "weights" (rank 0; the ref resolves to its
-        WeightsHandle once the version is complete) and the publish's critical-path seconds."""
+        its WeightsRef under "weights" (rank 0; it resolves once the version is complete)
+        and the seconds publishing blocked the actor ("publish_s"; the step also waited
+        "cast_wait_s" for the previous version's cast)."""
         refs = self._on_peers("train_step", step, ray.put(batch)) if self.peers else []
         t_epoch, t0 = time.time(), time.perf_counter()
         out = self.learner.train_step(step, batch)
         self.add_span("learner", step, batch.version, t_epoch, time.perf_counter() - t0,
                       batch.num_tokens)  # fmt: skip
-        ref, nbytes, seconds = self._publish()
+        weights, seconds = self._publish()
         ray.get(refs)
-        return {**out, "publish_s": seconds, "weights": [ref, nbytes]}
+        return {**out, "publish_s": seconds, "weights": weights}
 
-    def publish(self) -> list:
-        """Publish the current weights as BF16: [ref, bytes] (ref None on ranks other than 0),
-        the ref boxed so the driver holds it unresolved."""
-        return self._with_peers("publish")[:2]
+    def publish(self) -> WeightsRef | None:
+        """Publish the current weights as BF16: their WeightsRef (None on ranks other than 0)."""
+        return self._with_peers("publish")[0]
 
-    def _publish(self) -> list:
-        """Cast into a reused buffer (the critical path), then hand it to the transport:
-        [ref, bytes, seconds]."""
+    def _publish(self) -> tuple[WeightsRef | None, float]:
+        """Start the cast into a reused buffer and hand the buffer to the transport, which
+        puts or sends it once cast: the version's WeightsRef and the seconds this took."""
         t0 = time.perf_counter()
         version = self.learner.version
         with self.span("publish", version - 1, version) as s:
             pub = self.publisher
             packed = pub.buffer(version, self.learner.bf16_entries()) if pub else None
-            self.learner.write_bf16(packed)
+            cast = self.learner.cast_bf16(packed)
             if pub is None or packed is None:
-                return [None, 0, time.perf_counter() - t0]
+                return None, time.perf_counter() - t0
             me = ray.get_runtime_context().current_actor
             if pub.transport == "object_store":
-                pub.stage(packed)
-                ref = me.seal.remote(version)  # the put runs in a weights thread
+                pub.stage(packed, cast)
+                ref = me.seal.remote(version)  # the put runs in a weights thread, once cast
             else:
-                ref = ray.put(pub.hold(packed, me))  # the handle only: the bytes stay here
+                ref = ray.put(pub.hold(packed, me, cast))  # the handle only: the bytes stay
             s["bytes"] = packed.nbytes
-        return [ref, packed.nbytes, time.perf_counter() - t0]
+        return WeightsRef(version, ref, packed.nbytes), time.perf_counter() - t0
 
     # ---------------------------------------------------------------- weights threads (rank 0)
 

@@ -12,6 +12,7 @@ from typing import Any
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.core.rollout import RolloutBatch, concat
 from opdflow.runtime.device import stage_device
+from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
 
 
@@ -56,20 +57,17 @@ class Rescorer:
 
 
 class RescorerActor(StageActor):
-    """The rescorer as a Ray actor: fetches versions from the object store, records spans."""
+    """The rescorer as a Ray actor: fetches the versions it is handed, records spans."""
 
     def __init__(self, model_path: str, threads: int, *args: Any):
         pin_threads(threads)
         self.stage = Rescorer(model_path, *args)
 
-    def rescore(
-        self, version: int, weights_box: list, *batches: RolloutBatch, step: int = -1
-    ) -> RolloutBatch:
+    def rescore(self, weights: WeightsRef, *batches: RolloutBatch, step: int = -1) -> RolloutBatch:
+        """The batches, concatenated, rescored by the student at `weights`."""
         stage = self.stage
-        self.ensure_weights(
-            version, stage.version, weights_box, step, stage.load_weights, stage.device
-        )
-        with self.span("rescorer", step, version) as s:
+        self.ensure_weights(weights, stage.version, step, stage.load_weights, stage.device)
+        with self.span("rescorer", step, weights.version) as s:
             batch = concat(list(batches))
             s["tokens"] = batch.num_tokens
             return stage.rescore(batch)

@@ -55,7 +55,7 @@ def make_worker(rollout_cluster, tiny, tokenizer):
 
 @pytest.fixture(scope="module")
 def weights(rollout_cluster, tiny):
-    from opdflow.runtime.transport import put_version
+    from opdflow.runtime.publisher import put_version
     from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
 
@@ -170,7 +170,7 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, p
 
 
 def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer, pools):
-    from opdflow.runtime.transport import put_version
+    from opdflow.runtime.publisher import put_version
     from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
 

@@ -5,7 +5,7 @@ import ray
 from support.batches import sampled_batch
 
 from opdflow.config import TrainConfig
-from opdflow.runtime.transport import fetch_state
+from opdflow.runtime.fetcher import fetch_state
 from opdflow.stages.learner_actor import learner_class
 
 
@@ -15,12 +15,12 @@ def test_a_nan_loss_is_skipped_and_reported_and_weights_stay(ray_local, tiny, to
         logp_rescore_B_T=batch.logp_engine_B_T,
         logp_teacher_B_T=np.full_like(batch.logp_engine_B_T, np.nan),
     )
-    learner = learner_class().remote(str(tiny.student), 1, TrainConfig(), 0)
-    before = fetch_state(ray.get(learner.publish.remote())[0])
+    learner = learner_class().remote(str(tiny.student), TrainConfig())
+    before = fetch_state(ray.get(learner.publish.remote()))
     out = ray.get(learner.train_step.remote(0, bad))
     assert out["skipped"] is True
     assert out["bad_steps"] == 1
-    after = fetch_state(out["weights"][0])
+    after = fetch_state(out["weights"])
     assert all(np.array_equal(before[k].float().numpy(), after[k].float().numpy()) for k in before)
     good = batch.replace(
         logp_rescore_B_T=batch.logp_engine_B_T, logp_teacher_B_T=batch.logp_engine_B_T - 1.0

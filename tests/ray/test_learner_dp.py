@@ -14,12 +14,12 @@ import torch
 from support.batches import sampled_batch
 
 from opdflow.compute.scoring import token_logprobs
-from opdflow.config import PipelineConfig, TrainConfig
+from opdflow.config import LearnerResources, PipelineConfig, TrainConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, read_state
+from opdflow.runtime.fetcher import fetch_state
 from opdflow.runtime.rundir import RunDir, read_table
-from opdflow.runtime.transport import fetch_state
 from opdflow.stages.learner_actor import learner_class
 from opdflow.testbed.models import load_model
 
@@ -43,14 +43,14 @@ MICRO = dataclasses.replace(WHOLE, micro_batch_tokens=40)
 
 
 def _one(tiny):
-    return learner_class().options(num_cpus=0.5).remote(str(tiny.student), 1, WHOLE, 0)
+    return learner_class().options(num_cpus=0.5).remote(str(tiny.student), WHOLE)
 
 
 def _two(tiny):
     return (
         learner_class()
         .options(num_cpus=0.5)
-        .remote(str(tiny.student), 1, MICRO, 0, 2, [{"num_cpus": 0.5}])
+        .remote(str(tiny.student), MICRO, 0, LearnerResources(workers=2), None, [{"num_cpus": 0.5}])
     )
 
 
@@ -93,7 +93,7 @@ def test_two_workers_train_like_one_and_checkpoints_cross_over(ray_local, tiny, 
     assert runs["one"][0]["loss"] != runs["one"][2]["loss"]  # the steps do move the weights
     _assert_same_checkpoint(ckpt["one2"], ckpt["two2"], atol=1e-5)
     _assert_same_checkpoint(ckpt["one3"], ckpt["two3"], atol=1e-5)
-    pub = {n: fetch_state(ray.get(x.publish.remote())[0]) for n, x in (("one", one), ("two", two))}
+    pub = {n: fetch_state(ray.get(x.publish.remote())) for n, x in (("one", one), ("two", two))}
     assert pub["one"].keys() == pub["two"].keys()
     for k in pub["one"]:  # BF16 of FP32 weights equal to 1e-5: one rounding step apart at most
         torch.testing.assert_close(pub["one"][k], pub["two"][k], msg=k)

@@ -28,7 +28,7 @@ class FakeReplica:
         self.ping = _Remote(lambda: object())
         self.generate_timed = _Remote(self._generate)
 
-    def _generate(self, request, weights_box, step):
+    def _generate(self, request, weights, step):
         self.calls.append(request)
         return object(), object()
 
@@ -55,11 +55,11 @@ def test_each_replica_gets_one_call_with_all_its_requests():
     plan = pool.assign(_requests(2))  # distinct replicas, least busy first
     assert [pool.replicas.index(rep) for rep, _ in plan] == [1, 2]
     pool, handles = _pool(3)
-    links = pool.submit(_requests(2), weights_ref="w", step=5)
+    links = pool.submit(_requests(2), weights="w", step=5)
     assert [len(h.calls) for h in handles] == [1, 1, 0]
     assert [link.stage for link in links] == ["generator[0]", "generator[1]"]
     pool, handles = _pool(2)
-    pool.submit(_requests(5), weights_ref="w", step=5)  # more requests than replicas
+    pool.submit(_requests(5), weights="w", step=5)  # more requests than replicas
     assert [len(h.calls) for h in handles] == [1, 1]
     assert [h.calls[0].prompt_index for h in handles] == [[0, 2, 4], [1, 3]]
     assert handles[0].calls[0].prompt_ids == [[3, 4, 0], [3, 4, 2], [3, 4, 4]]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from opdflow.runtime.weights import ALIGN, WeightStore, pack, views
+from opdflow.runtime.weights import ALIGN, WeightsRef, WeightStore, pack, views
 
 
 def test_pack_and_views_round_trip_keeps_dtype_shape_and_bits():
@@ -22,7 +22,7 @@ def test_pack_and_views_round_trip_keeps_dtype_shape_and_bits():
 def test_weight_store_releases_old_versions():
     store = WeightStore()
     for v in range(5):
-        store.publish(v, f"ref{v}", nbytes=8)
+        store.publish(WeightsRef(v, f"ref{v}", 8))
     assert store.latest == 4
     store.release_below(3)
     assert store.live_versions() == [3, 4]
@@ -32,11 +32,11 @@ def test_weight_store_releases_old_versions():
 def test_weight_store_counts_the_bytes_its_live_versions_pin():
     store = WeightStore()
     for v in range(4):
-        store.publish(v, f"ref{v}", nbytes=1000)
+        store.publish(WeightsRef(v, f"ref{v}", 1000))
     assert store.bytes_live() == 4000
     store.release_below(2)
     assert store.bytes_live() == 2000 == len(store.live_versions()) * 1000
-    store.publish(4, "ref4", nbytes=1000)
+    store.publish(WeightsRef(4, "ref4", 1000))
     assert store.bytes_live() == 3000
     assert (store.peak_live, store.peak_bytes) == (4, 4000)
 
@@ -50,9 +50,9 @@ def test_a_version_never_released_breaks_the_bound():
     store = WeightStore()
     bound = make_policy(StalenessConfig(k=0)).live_versions  # test_staleness: k_max + 2
     for v in range(bound):
-        store.publish(v, f"ref{v}", nbytes=10)
+        store.publish(WeightsRef(v, f"ref{v}", 10))
         store.check_bound(bound)
-    store.publish(bound, "leak", nbytes=10)  # release_below never called
+    store.publish(WeightsRef(bound, "leak", 10))  # release_below never called
     with pytest.raises(RuntimeError, match=r"3 weight versions are held \(\[0, 1, 2\]"):
         store.check_bound(bound)
     store.release_below(bound)
@@ -126,8 +126,9 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
     actors in a run): bytes equal, a released version is refused without a hang."""
     import threading
 
-    from opdflow.runtime.transport import PairEnd, Publisher
-    from opdflow.runtime.weights import bf16_entries, write_bf16
+    from opdflow.runtime.cast import bf16_entries, write_bf16
+    from opdflow.runtime.pairs import PairEnd
+    from opdflow.runtime.publisher import Publisher
 
     state = {k: v.detach().float() for k, v in _module().state_dict().items()}
     pub = Publisher("collective", torch.device("cpu"), timeout_s=30)
@@ -180,7 +181,7 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
 
 
 def test_pieces_keep_layers_whole_and_cover_the_version_in_order():
-    from opdflow.runtime.transport import plan_pieces
+    from opdflow.runtime.pairs import plan_pieces
     from opdflow.runtime.weights import layout
 
     entries = [("model.embed_tokens.weight", torch.bfloat16, (64, 8))]

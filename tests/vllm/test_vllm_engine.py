@@ -255,8 +255,8 @@ def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prom
     in pieces of whole layers (small pieces here: several per version)."""
     import threading
 
-    from opdflow.runtime.transport import Publisher
-    from opdflow.runtime.weights import bf16_entries, write_bf16
+    from opdflow.runtime.cast import bf16_entries, write_bf16
+    from opdflow.runtime.publisher import Publisher
     from opdflow.testbed.models import load_model
 
     params = SamplingParams(return_logdist=True)

@@ -28,7 +28,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
-    from opdflow.runtime.transport import put_version
+    from opdflow.runtime.publisher import put_version
     from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
 
@@ -59,7 +59,7 @@ def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, cluster, weights, tin
         seen["kind"] = ray.get(st.evaluator.engine_kind.remote())
         h, e = st.heldout_set, cfg.eval
         args = (h.token_ids, h.answers, e.samples_per_prompt, cfg.engine.max_new_tokens, e.seed)
-        seen["teacher"] = ray.get(st.evaluator.heldout.remote(1, [weights["teacher"]], *args))
+        seen["teacher"] = ray.get(st.evaluator.heldout.remote(weights["teacher"], *args))
         seen["args"] = args
 
     summary = run_pipeline(cfg, run, on_start=on_start)
@@ -104,7 +104,7 @@ def test_a_tensor_parallel_replica_samples_and_follows_weight_updates(
         for name, version in (("student", 0), ("teacher", 1)):
             req = GenerationRequest(prompts[:16], list(range(16)), [None] * 16, 4, 3, version,
                                     params)  # fmt: skip
-            batch = ray.get(worker.generate.remote(req, [weights[name]], version), timeout=600)
+            batch = ray.get(worker.generate.remote(req, weights[name], version), timeout=600)
             assert batch.version == version and batch.num_tokens > 50
             mask = batch.response_mask_B_T
             for model in ("student", "teacher"):
