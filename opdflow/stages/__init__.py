@@ -5,6 +5,9 @@ no Ray, so it runs in a script or a test as it runs in a pipeline; a thin actor 
 beside it fetches the weights versions it is handed (WeightsRef), records spans and, for the
 learner, leads its data-parallel peers. Each actor pins its torch threads at start so
 stages sharing a few cores do not fight. Only the actor classes import Ray (lazily).
+
+May import: opdflow.core, opdflow.compute, opdflow.engines, opdflow.runtime, opdflow.testbed,
+opdflow.config, opdflow.errors. Imported by driver/ and the benches.
 """
 
 from __future__ import annotations
