@@ -69,7 +69,8 @@ FAKE_CONFIG = {
 DRIVER = r"""
 import json, sys, time
 import ray
-from opdflow.config import PipelineConfig, apply_overrides
+from opdflow.config import PipelineConfig
+from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
 from opdflow.runtime.rundir import RunDir, read_table
 
