@@ -183,9 +183,10 @@ class Stages:
         st.await_started(cfg.reliability.startup_timeout_s)
         return st
 
-    def actors(self) -> dict[str, Any]:
-        """Every actor by stage name."""
-        named = {f"generator[{i}]": w for i, w in enumerate(self.pool.workers)}
+    def actors(self, generator_name: str = "generator[{}]") -> dict[str, Any]:
+        """Every actor by stage name; generators named by `generator_name` and their index
+        (span_actors: the names profiler spans carry)."""
+        named = {generator_name.format(i): w for i, w in enumerate(self.pool.workers)}
         named.update(
             rescorer=self.rescorer,
             teacher=self.teacher,
@@ -196,14 +197,7 @@ class Stages:
 
     def span_actors(self) -> dict[str, Any]:
         """Every actor by the name its profiler spans carry (generator/i)."""
-        named = {f"generator/{i}": w for i, w in enumerate(self.pool.workers)}
-        named.update(
-            rescorer=self.rescorer,
-            teacher=self.teacher,
-            learner=self.learner,
-            evaluator=self.evaluator,
-        )
-        return named
+        return self.actors("generator/{}")
 
     def await_started(self, timeout_s: float) -> None:
         """Wait until every actor runs; actors Ray cannot place become an error, not a hang."""
