@@ -137,7 +137,7 @@ class Publisher:
         finally:
             with self._cond:
                 self._release(version)
-        return WeightsHandle(version, "object_store", packed.specs, packed.nbytes, ref=ref)
+        return WeightsHandle.in_object_store(packed, ref)
 
     # ---------------------------------------------------------------- collective
 
@@ -277,7 +277,5 @@ def put_version(packed: PackedWeights) -> WeightsRef:
     learner does: the WeightsRef consumers take."""
     import ray
 
-    handle = WeightsHandle(
-        packed.version, "object_store", packed.specs, packed.nbytes, ref=ray.put(packed)
-    )
+    handle = WeightsHandle.in_object_store(packed, ray.put(packed))
     return WeightsRef(packed.version, ray.put(handle), packed.nbytes)

@@ -72,6 +72,11 @@ class WeightsHandle:
     timeout_s: float = 300.0
     """collective: a pair setup or one version's receive that takes longer fails."""
 
+    @classmethod
+    def in_object_store(cls, packed: PackedWeights, ref: Any) -> WeightsHandle:
+        """The handle of `packed` once `ref` (its sealed object-store copy) exists."""
+        return cls(packed.version, "object_store", packed.specs, packed.nbytes, ref=ref)
+
 
 @dataclass(frozen=True)
 class WeightsRef:
