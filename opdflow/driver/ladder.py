@@ -33,9 +33,6 @@ def run_ladder(
             extra = [f"engine.recipe={recipe}", f"train.steps={steps}", f"eval.every={steps}"]
             cfg = load_pipeline(pipeline, [*overrides, *extra])
             path = Path(out_dir) / recipe.replace("(", "-").replace(")", "")
-            label = f"[{i}/{len(recipes)}] {recipe}"
-            with watch.running(label, cfg) as on_step:
-                outcome = session.run(cfg, path, reuse=True, on_step=on_step)
-            watch.done(label, outcome)
+            session.run_watched(watch, f"[{i}/{len(recipes)}] {recipe}", cfg, path, reuse=True)
             paths.append(path)
     return paths

@@ -237,3 +237,13 @@ class Session:
         seconds = time.perf_counter() - t0
         run.event("finished", seconds=seconds)
         return Outcome(run, summary, seconds)
+
+    def run_watched(
+        self, watch: Watch, label: str, cfg: PipelineConfig, path: Path, reuse: bool = False
+    ) -> Outcome:
+        """`run` one of a batch of runs (a sweep, the noise ladder), shown by `watch` as
+        `label` while it trains and once it is done."""
+        with watch.running(label, cfg) as on_step:
+            outcome = self.run(cfg, path, reuse=reuse, on_step=on_step)
+        watch.done(label, outcome)
+        return outcome

@@ -33,9 +33,9 @@ def run_sweep(
     with Session(max(cpu_need(cfg) for _, cfg in cfgs)) as session:
         for k, cfg in cfgs:
             label = k_label(k)
-            with watch.running(f"sweep {label}", cfg) as on_step:
-                outcome = session.run(cfg, root / label.replace("=", ""), on_step=on_step)
-            watch.done(f"sweep {label}", outcome)
+            outcome = session.run_watched(
+                watch, f"sweep {label}", cfg, root / label.replace("=", "")
+            )
             runs.append(Run(outcome.run.path))
     rows = sweep_rows(runs)
     pq.write_table(pa.Table.from_pylist(rows), root / "sweep.parquet")
