@@ -28,6 +28,13 @@ class ReliabilityConfig:
     learner worker writes its own shards there and the driver commits them, so on a cluster
     it must be storage every learner node and the driver's node share (NFS, Lustre, a
     mounted bucket): a run whose learner cannot see it is refused at start."""
+    learner_recovery_timeout_s: float = 120.0
+    """When a learner rank dies, a new learner group of resources.learner.workers ranks is
+    placed if the cluster can place it within this many seconds; else it is placed with
+    fewer ranks, down to resources.learner.min_workers."""
+    max_learner_recoveries: int = 2
+    """Learner losses a run heals from in place (new group, last checkpoint, rewind); one
+    more ends the run, naming the checkpoint and the resume command."""
 
     def validate(self, path: str) -> None:
         nonnegative(f"{path}.checkpoint_every", self.checkpoint_every)
@@ -35,3 +42,5 @@ class ReliabilityConfig:
         positive(f"{path}.stage_timeout_s", self.stage_timeout_s)
         positive(f"{path}.startup_timeout_s", self.startup_timeout_s)
         nonnegative(f"{path}.max_restarts", self.max_restarts)
+        positive(f"{path}.learner_recovery_timeout_s", self.learner_recovery_timeout_s)
+        nonnegative(f"{path}.max_learner_recoveries", self.max_learner_recoveries)

@@ -38,11 +38,21 @@ class LearnerResources(StageResources):
     has a GPU; one CPU worker trains an unsharded FP32 model. The step's micro-batches are
     dealt to the ranks: loss and weights equal one worker's within float tolerance, and a
     sharded checkpoint from N workers resumes on any M."""
+    min_workers: int = 1
+    """Fewest ranks a learner that lost a rank may heal onto (reliability.
+    learner_recovery_timeout_s): below it the run ends with its last checkpoint."""
 
     def validate(self, path: str) -> None:
         super().validate(path)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             fail(f"{path}.workers", self.workers, "an integer >= 1 (1 = a single learner actor)")
+        ok = isinstance(self.min_workers, int) and not isinstance(self.min_workers, bool)
+        if not ok or not 1 <= self.min_workers <= self.workers:
+            fail(
+                f"{path}.min_workers",
+                self.min_workers,
+                f"an integer from 1 to workers ({self.workers})",
+            )
 
 
 def _light() -> StageResources:

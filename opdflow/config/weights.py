@@ -23,7 +23,12 @@ class WeightsConfig:
     timeout_s: float = 300.0
     """collective: a consumer's pair setup or one version's receive that takes longer fails
     its fetch (the stage's work then fails like any stage error)."""
+    bucket_mb: int = 256
+    """collective: a version moves from the learner's host staging to each consumer in
+    buckets of this many MiB (double-buffered), so the learner's device holds at most two
+    buckets for it, never a whole version."""
 
     def validate(self, path: str) -> None:
         one_of(f"{path}.transport", self.transport, ("auto", "object_store", "collective"))
         positive(f"{path}.timeout_s", self.timeout_s)
+        positive(f"{path}.bucket_mb", self.bucket_mb)
