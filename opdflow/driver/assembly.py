@@ -24,9 +24,9 @@ from opdflow.runtime.checkpoint import Checkpoint
 from opdflow.runtime.placement import Placement
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import StageFailed
-from opdflow.runtime.weights import WeightStore
 from opdflow.stages import actor_options
 from opdflow.testbed.data import PromptSampler, PromptSet
+from opdflow.weights.version import WeightStore
 
 
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
@@ -48,7 +48,7 @@ def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any
 
 def weights_transport(cfg: PipelineConfig) -> str:
     """The transport weights.transport resolves to for this run's resources."""
-    from opdflow.runtime.transport import resolve
+    from opdflow.weights.transport import resolve
 
     r = cfg.resources
     consumers = (r.generator.num_gpus, r.rescorer.num_gpus, r.evaluator.num_gpus)
@@ -252,7 +252,7 @@ class Stages:
 
     def transport_event(self) -> dict[str, Any]:
         """Which transport (and collective backend) each consumer's fetches use."""
-        from opdflow.runtime.pairs import backend_of
+        from opdflow.weights.pair import backend_of
 
         r, how = self.cfg.resources, self.transport
         if how == "collective":

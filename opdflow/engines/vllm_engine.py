@@ -123,7 +123,7 @@ class VLLMEngine:
         return list(self.llm.collective_rpc("opdflow_pair_owner"))
 
     def join(self, address: str, keys: list[str], backend: str, timeout_s: float) -> None:
-        from opdflow.runtime.pairs import node_ip
+        from opdflow.weights.pair import node_ip
 
         by_owner = dict(zip(self.pair_owners(), keys))
         self.llm.collective_rpc(

@@ -40,7 +40,7 @@ class WorkerExtension:
 
     def opdflow_pair_owner(self) -> str:
         """This worker's id as one end of a collective weights pair (pairs.py)."""
-        from opdflow.runtime.pairs import process_id
+        from opdflow.weights.pair import process_id
 
         return process_id()
 
@@ -48,7 +48,7 @@ class WorkerExtension:
         self, address: str, keys: dict[str, str], backend: str, timeout_s: float, host: str
     ) -> None:
         """Open this worker's pair with the learner (on its own device for NCCL)."""
-        from opdflow.runtime.pairs import PairEnd, process_id
+        from opdflow.weights.pair import PairEnd, process_id
 
         device = getattr(self, "device", "cpu")
         key = keys[process_id()]
@@ -57,7 +57,7 @@ class WorkerExtension:
     def opdflow_receive(self, version: int, specs: tuple, nbytes: int, piece_bytes: int) -> None:
         """Receive a version on this worker's pair piece by piece (whole decoder layers, each
         piece freed once vLLM has loaded it), reloading from views of each piece."""
-        from opdflow.runtime.weights import views
+        from opdflow.weights.version import views
 
         pieces = self.opdflow_end.receive_pieces(version, specs, nbytes, piece_bytes)
         named = (item for packed in pieces for item in views(packed).items())

@@ -21,7 +21,7 @@ from opdflow.config import StageResources
 from opdflow.runtime.profiler import SpanRecorder
 
 if TYPE_CHECKING:
-    from opdflow.runtime.weights import WeightsRef
+    from opdflow.weights.version import WeightsRef
 
 
 def actor_options(
@@ -81,7 +81,7 @@ class StageActor(SpanRecorder):
         `receiver` (default: here, then `load`)."""
         if weights.version == current:
             return
-        from opdflow.runtime.fetcher import Fetcher, LocalReceiver
+        from opdflow.weights.fetcher import Fetcher, LocalReceiver
 
         fetcher = self.__dict__.setdefault("_fetcher", Fetcher())
         with self.span("fetch", step, weights.version) as s:

@@ -36,10 +36,10 @@ from opdflow.config import TrainConfig
 from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.cast import BF16Cast, bf16_entries, write_bf16
 from opdflow.runtime.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
 from opdflow.runtime.fsdp import DistSpec
-from opdflow.runtime.weights import PackedWeights, allocate
+from opdflow.weights.cast import BF16Cast, bf16_entries, write_bf16
+from opdflow.weights.version import PackedWeights, allocate
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import ray
 
 from opdflow.config import LearnerResources, TrainConfig, WeightsConfig
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
+from opdflow.weights.version import WeightsRef
 
 CONCURRENCY_GROUPS = {"weights": 4}
 """Threads beside the training one: seals (object-store puts), pair setups and sends."""
@@ -83,7 +83,7 @@ class LearnerActor(StageActor):
         self.learner = Learner(model_path, train, seed, dist=dist)
         self.publisher = None
         if rank == 0:
-            from opdflow.runtime.publisher import Publisher
+            from opdflow.weights.publisher import Publisher
 
             self.publisher = Publisher(weights.transport, self.learner.device, weights.timeout_s)
 

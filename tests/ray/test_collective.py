@@ -41,7 +41,7 @@ def _digests():
 
         import torch
 
-        from opdflow.runtime.weights import views
+        from opdflow.weights.version import views
 
         h = hashlib.sha256()
         for t in views(actor.learner.bf16_weights()).values():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from opdflow.runtime.weights import ALIGN
+from opdflow.weights.version import ALIGN
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "weight_broadcast.py"
 SECONDS = (

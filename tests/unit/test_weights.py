@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from opdflow.runtime.weights import ALIGN, WeightsRef, WeightStore, pack, views
+from opdflow.weights.version import ALIGN, WeightsRef, WeightStore, pack, views
 
 
 def test_pack_and_views_round_trip_keeps_dtype_shape_and_bits():
@@ -88,7 +88,7 @@ def test_views_are_zero_copy_even_of_a_read_only_buffer():
 
 
 def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
-    from opdflow.runtime.weights import FlatLayout, load_module
+    from opdflow.weights.version import FlatLayout, load_module
 
     for tied in (False, True):
         src, dst = _module(tied=tied), _module(tied=tied)
@@ -108,7 +108,7 @@ def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
 
 
 def test_load_module_falls_back_per_tensor_and_stays_strict():
-    from opdflow.runtime.weights import load_module
+    from opdflow.weights.version import load_module
 
     src, wide = _module(), _module(torch.float32)  # an engine computing in float32
     load_module(wide, views(pack({k: v.detach() for k, v in src.state_dict().items()}, 1)))
@@ -126,9 +126,9 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
     actors in a run): bytes equal, a released version is refused without a hang."""
     import threading
 
-    from opdflow.runtime.cast import bf16_entries, write_bf16
-    from opdflow.runtime.pairs import PairEnd
-    from opdflow.runtime.publisher import Publisher
+    from opdflow.weights.cast import bf16_entries, write_bf16
+    from opdflow.weights.pair import PairEnd
+    from opdflow.weights.publisher import Publisher
 
     state = {k: v.detach().float() for k, v in _module().state_dict().items()}
     pub = Publisher("collective", torch.device("cpu"), timeout_s=30)
@@ -181,8 +181,8 @@ def test_collective_pair_sends_held_versions_and_refuses_released_ones():
 
 
 def test_pieces_keep_layers_whole_and_cover_the_version_in_order():
-    from opdflow.runtime.pairs import plan_pieces
-    from opdflow.runtime.weights import layout
+    from opdflow.weights.pair import plan_pieces
+    from opdflow.weights.version import layout
 
     entries = [("model.embed_tokens.weight", torch.bfloat16, (64, 8))]
     for i in range(3):

@@ -120,8 +120,8 @@ def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prom
     import ray
 
     from opdflow.runtime.cluster import connect
-    from opdflow.runtime.weights import pack, views
     from opdflow.testbed.models import load_model
+    from opdflow.weights.version import pack, views
 
     params = SamplingParams(return_logdist=True)
     started = connect(1)
@@ -255,9 +255,9 @@ def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prom
     in pieces of whole layers (small pieces here: several per version)."""
     import threading
 
-    from opdflow.runtime.cast import bf16_entries, write_bf16
-    from opdflow.runtime.publisher import Publisher
     from opdflow.testbed.models import load_model
+    from opdflow.weights.cast import bf16_entries, write_bf16
+    from opdflow.weights.publisher import Publisher
 
     params = SamplingParams(return_logdist=True)
     student_state = load_model(str(tiny.student), "bfloat16").state_dict()

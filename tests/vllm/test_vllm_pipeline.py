@@ -28,9 +28,9 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
-    from opdflow.runtime.publisher import put_version
-    from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
+    from opdflow.weights.publisher import put_version
+    from opdflow.weights.version import pack
 
     return {  # each ref resolves to the version's handle, as the learner publishes it
         name: put_version(pack(load_model(str(path), "bfloat16").state_dict(), version))

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from opdflow.runtime.pairs import (
+from opdflow.weights.pair import (
     as_timedelta,
     backend_of,
     pair_group,
@@ -30,7 +30,7 @@ from opdflow.runtime.pairs import (
     plan_pieces,
     sync_device,
 )
-from opdflow.runtime.weights import PackedWeights, WeightsHandle, WeightsRef, allocate, layout
+from opdflow.weights.version import PackedWeights, WeightsHandle, WeightsRef, allocate, layout
 
 OBJECT_STORE_BUFFERS = 2
 """Host buffers the object-store publisher alternates between (one being put, one cast)."""
@@ -193,7 +193,7 @@ class Publisher:
                 return
             import torch.distributed as dist
 
-            from opdflow.runtime.pairs import node_ip
+            from opdflow.weights.pair import node_ip
 
             host = node_ip()
             self._store = dist.TCPStore(

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from opdflow.runtime.pairs import PairEnd, node_ip, process_id
-from opdflow.runtime.weights import TensorSpec, WeightsHandle, WeightsRef, views
+from opdflow.weights.pair import PairEnd, node_ip, process_id
+from opdflow.weights.version import TensorSpec, WeightsHandle, WeightsRef, views
 
 
 class Receiver(Protocol):

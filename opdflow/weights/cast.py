@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from opdflow.runtime.weights import PackedWeights, tensor_view
+from opdflow.weights.version import PackedWeights, tensor_view
 
 
 def bf16_entries(state: Mapping[str, Any]) -> list[tuple[str, Any, tuple[int, ...]]]:

@@ -17,7 +17,7 @@ import datetime
 from collections.abc import Iterator
 from typing import Any
 
-from opdflow.runtime.weights import PackedWeights, TensorSpec
+from opdflow.weights.version import PackedWeights, TensorSpec
 
 HEADER_LEN = 3
 """int64s before a version's bytes: ok (1) or not held (0), version, nbytes."""

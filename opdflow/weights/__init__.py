@@ -1,0 +1,1 @@
+"""Weights between stages: versions, their transports, the cast, pairs, fetching."""
