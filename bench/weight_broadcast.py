@@ -85,7 +85,7 @@ class StateLearner:
     def __init__(self, shapes: list[tuple[str, int]], cast_in: str = "background"):
         import torch
 
-        from opdflow.weights.cast import BF16Cast
+        from opdflow.runtime.cast import BF16Cast
 
         self.model = _module(shapes, torch.float32, seed=0)
         self.version = 0
@@ -93,7 +93,7 @@ class StateLearner:
         self.cast = BF16Cast(background=cast_in == "background")
 
     def bf16_entries(self) -> list:
-        from opdflow.weights.cast import bf16_entries
+        from opdflow.runtime.cast import bf16_entries
 
         return bf16_entries(self.model.state_dict())
 
@@ -132,9 +132,9 @@ def work(n: int) -> float:
 def learner_actor_class() -> type:
     """LearnerActor whose Learner is a StateLearner; its _publish and weights methods run as
     in a pipeline."""
+    from opdflow.runtime.publisher import Publisher
     from opdflow.stages import pin_threads
     from opdflow.stages.learner_actor import LearnerActor
-    from opdflow.weights.publisher import Publisher
 
     class BenchLearner(LearnerActor):
         def __init__(
@@ -177,7 +177,7 @@ def consumer_actor_class() -> type:
             self.version = 0
 
         def load_weights(self, state: dict, version: int) -> None:
-            from opdflow.weights.version import load_module
+            from opdflow.runtime.weights import load_module
 
             load_module(self.model, state)
             self.version = version

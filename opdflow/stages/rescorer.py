@@ -38,7 +38,7 @@ class Rescorer:
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version into the model (host to device on a GPU): its one copy."""
-        from opdflow.weights.version import load_module
+        from opdflow.weights.loader import load_module
 
         load_module(self.model, state)
         self.version = version

@@ -41,7 +41,7 @@ def _digests():
 
         import torch
 
-        from opdflow.weights.version import views
+        from opdflow.runtime.weights import views
 
         h = hashlib.sha256()
         for t in views(actor.learner.bf16_weights()).values():

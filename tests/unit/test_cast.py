@@ -8,8 +8,8 @@ import pytest
 import torch
 from support.batches import sampled_batch
 
-from opdflow.weights.cast import BF16Cast, bf16_entries
-from opdflow.weights.version import allocate, views
+from opdflow.runtime.cast import BF16Cast, bf16_entries
+from opdflow.runtime.weights import allocate, views
 
 
 def _plain_bits(state):

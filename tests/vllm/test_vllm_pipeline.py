@@ -29,7 +29,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
     from opdflow.testbed.models import load_model
-    from opdflow.weights.publisher import put_version
+    from opdflow.weights.transport import put_version
     from opdflow.weights.version import pack
 
     return {  # each ref resolves to the version's handle, as the learner publishes it
