@@ -1,7 +1,8 @@
 """The run's own weight path, per transport, next to a memcpy of the same bytes.
 
     PYTHONPATH=. python bench/weight_broadcast.py [--gb 1.5] [--repeats 3] [--threads 1]
-                              [--transport both] [--cast-in background|caller] [--out FILE]
+                              [--transport both] [--bucket-mb 256] [--cast-in background|caller]
+                              [--out FILE]
     PYTHONPATH=. python bench/weight_broadcast.py --quick      # CI size: seconds
 
 A learner actor (LearnerActor with an FP32 state of 4M-element tensors in place of a model:
@@ -19,8 +20,14 @@ each transport, per repeat:
   the slowdown the cast's and the put's memory traffic cause beside it);
 - cast (in its thread) and put (object_store only, in a learner thread, once cast): seconds;
 - fetch_load: the consumer's fetch span, from the ref to the weights in its module
-  (object_store: zero-copy get + one copy into the parameters; collective: receive on its
-  gloo/NCCL pair with the learner + one copy).
+  (object_store: zero-copy get + one copy into the parameters; collective: the version's
+  buckets of --bucket-mb, copied from the learner's staging into its two bucket buffers
+  and sent on the consumer's gloo/NCCL pair with the learner, received straight into the
+  module's parameters).
+
+And the bound of the collective on this machine (`wire`): one gloo message of the same
+bytes between two actors over the same kind of pair, from a buffer into a buffer, no copy
+at either end, next to its own memcpy.
 
 `--cast-in caller` casts inside the publish call instead (a sharded learner's path, and the
 path before the cast moved beside the next step). memcpy: single-thread np.copyto of the
@@ -85,7 +92,7 @@ class StateLearner:
     def __init__(self, shapes: list[tuple[str, int]], cast_in: str = "background"):
         import torch
 
-        from opdflow.runtime.cast import BF16Cast
+        from opdflow.weights.cast import BF16Cast
 
         self.model = _module(shapes, torch.float32, seed=0)
         self.version = 0
@@ -93,7 +100,7 @@ class StateLearner:
         self.cast = BF16Cast(background=cast_in == "background")
 
     def bf16_entries(self) -> list:
-        from opdflow.runtime.cast import bf16_entries
+        from opdflow.weights.cast import bf16_entries
 
         return bf16_entries(self.model.state_dict())
 
@@ -132,18 +139,22 @@ def work(n: int) -> float:
 def learner_actor_class() -> type:
     """LearnerActor whose Learner is a StateLearner; its _publish and weights methods run as
     in a pipeline."""
-    from opdflow.runtime.publisher import Publisher
+    from opdflow.config import WeightsConfig
     from opdflow.stages import pin_threads
     from opdflow.stages.learner_actor import LearnerActor
+    from opdflow.weights.publisher import Publisher
+    from opdflow.weights.transport import parse
 
     class BenchLearner(LearnerActor):
         def __init__(
-            self, shapes: list[tuple[str, int]], transport: str, threads: int, cast_in: str
-        ):
+            self, shapes: list[tuple[str, int]], transport: str, threads: int, cast_in: str,
+            bucket_mb: int = 256,
+        ):  # fmt: skip
             pin_threads(threads)
             self.rank, self.peers = 0, []
             self.learner = StateLearner(shapes, cast_in)
-            self.publisher = Publisher(transport, self.learner.device)
+            weights = WeightsConfig(transport=transport, bucket_mb=bucket_mb)
+            self.publisher = Publisher(parse(weights), self.learner.device)
 
         def publish_next(self) -> tuple[Any, float]:
             """Publish the next version (as after a step): its WeightsRef and the seconds
@@ -177,7 +188,7 @@ def consumer_actor_class() -> type:
             self.version = 0
 
         def load_weights(self, state: dict, version: int) -> None:
-            from opdflow.runtime.weights import load_module
+            from opdflow.weights.loader import load_module
 
             load_module(self.model, state)
             self.version = version
@@ -228,6 +239,7 @@ def measure(
     work_n: int,
     threads: int = 1,
     cast_in: str = "background",
+    bucket_mb: int = 256,
 ) -> dict:
     """One transport: per-repeat seconds and ratios, medians; needs a connected Ray."""
     import ray
@@ -236,7 +248,7 @@ def measure(
 
     opts = {"num_cpus": 0}
     learner = learner_class(learner_actor_class())
-    learner = learner.options(**opts).remote(shapes, transport, threads, cast_in)
+    learner = learner.options(**opts).remote(shapes, transport, threads, cast_in, bucket_mb)
     consumer = ray.remote(consumer_actor_class()).options(**opts).remote(shapes)
     rows = []
     ray.get(learner.step.remote(work_n))  # pages and caches warm
@@ -278,6 +290,7 @@ def measure(
     return {
         "transport": transport,
         "cast_in": cast_in,
+        "bucket_mb": bucket_mb if transport == "collective" else None,
         "gb": sum(m for _, m in shapes) * 2 / GB,
         "learner_threads": threads,
         "repeats": repeats,
@@ -319,8 +332,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         )
 
 
-QUICK = {"gb": 0.02, "repeats": 1, "work_n": 20}
-"""CI size: a 20 MB state, one timed repeat, both transports: seconds."""
+QUICK = {"gb": 0.02, "repeats": 1, "work_n": 20, "bucket_mb": 4}
+"""CI size: a 20 MB state (5 buckets of 4 MiB), one timed repeat, both transports: seconds."""
 
 
 def run(
@@ -330,11 +343,86 @@ def run(
     transports: tuple = TRANSPORTS,
     threads: int = 1,
     cast_in: str = "background",
+    bucket_mb: int = 256,
 ) -> list:
     """Every transport, one after the other (actors killed between); needs a connected Ray."""
     shapes = make_shapes(int(gb * GB))
     memcpy = Memcpy(sum(m for _, m in shapes) * 2)
-    return [measure(t, shapes, memcpy, repeats, work_n, threads, cast_in) for t in transports]
+    return [
+        measure(t, shapes, memcpy, repeats, work_n, threads, cast_in, bucket_mb) for t in transports
+    ]
+
+
+class WireEnd:
+    """One rank of a bare gloo pair (pair.pair_group, as the collective's), for the bound."""
+
+    def __init__(self, nbytes: int):
+        self.buffer = np.empty(nbytes, dtype=np.uint8)
+        self.buffer.fill(7)  # pages mapped before anything is timed
+        self.pg: Any = None
+        self.store: Any = None
+
+    def address(self) -> str:
+        import torch.distributed as dist
+
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        return f"127.0.0.1:{self.store.port}"
+
+    def join(self, address: str, rank: int) -> None:
+        import torch.distributed as dist
+
+        from opdflow.weights.pair import pair_group
+
+        if self.store is None:
+            host, port = address.rsplit(":", 1)
+            self.store = dist.TCPStore(host, int(port), is_master=False)
+        self.pg = pair_group(self.store, rank, "gloo", "cpu", "127.0.0.1", 300)
+
+    def move(self, rank: int) -> float:
+        """Seconds of one message of the whole buffer (rank 1: from posting its receive)."""
+        import torch
+
+        ready = torch.zeros(1)
+        if rank == 0:
+            self.pg.recv([ready], 1, 0).wait()
+            self.pg.send([torch.from_numpy(self.buffer)], 1, 1).wait()
+            return 0.0
+        t0 = time.perf_counter()
+        work = self.pg.recv([torch.from_numpy(self.buffer)], 0, 1)
+        self.pg.send([ready], 0, 0).wait()
+        work.wait()
+        return time.perf_counter() - t0
+
+
+def wire(gb: float, repeats: int) -> dict[str, Any]:
+    """The collective's bound here: one gloo message of `gb` between two actors, next to a
+    memcpy of the same bytes run right before each (medians of `repeats`, one warm-up)."""
+    import ray
+
+    nbytes = 2 * sum(m for _, m in make_shapes(int(gb * GB)))
+    memcpy = Memcpy(nbytes)
+    ends = [ray.remote(WireEnd).options(num_cpus=0).remote(nbytes) for _ in range(2)]
+    address = ray.get(ends[0].address.remote())
+    ray.get([end.join.remote(address, rank) for rank, end in enumerate(ends)])
+    rows = []
+    for _ in range(repeats + 1):
+        mc = memcpy()
+        _, seconds = ray.get([end.move.remote(rank) for rank, end in enumerate(ends)])
+        rows.append({"memcpy_s": mc, "wire_s": seconds})
+    for end in ends:
+        ray.kill(end)
+    timed = rows[1:]
+    return {
+        "gb": nbytes / GB,
+        "wire_s": statistics.median(r["wire_s"] for r in timed),
+        "wire_over_memcpy": statistics.median(r["wire_s"] / r["memcpy_s"] for r in timed),
+        "rows": rows,
+    }
+
+
+def print_wire(bound: dict[str, Any]) -> None:
+    print(f"bound: one gloo message of {bound['gb']:.2f} GB over loopback, no copy at either "
+          f"end: {bound['wire_s']:.3f} s, {bound['wire_over_memcpy']:.2f}x memcpy", flush=True)  # fmt: skip
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -350,6 +438,8 @@ def main() -> None:
     p.add_argument("--gb", type=float, default=default_gb, help="BF16 state size in GB.")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--transport", choices=[*TRANSPORTS, "both"], default="both")
+    p.add_argument("--bucket-mb", type=int, default=256,
+                   help="The collective's bucket size (weights.bucket_mb).")  # fmt: skip
     p.add_argument("--threads", type=int, default=1,
                    help="The learner's torch threads (resources.learner.torch_threads).")  # fmt: skip
     p.add_argument("--cast-in", choices=CAST_IN, default="background",
@@ -361,6 +451,7 @@ def main() -> None:
     work_n = 200
     if args.quick:
         args.gb, args.repeats, work_n = QUICK["gb"], QUICK["repeats"], QUICK["work_n"]
+        args.bucket_mb = QUICK["bucket_mb"]
     transports = TRANSPORTS if args.transport == "both" else (args.transport,)
 
     import ray
@@ -368,11 +459,17 @@ def main() -> None:
     from opdflow.runtime.cluster import connect
 
     connect(2)
-    results = run(args.gb, args.repeats, work_n, transports, args.threads, args.cast_in)
+    results = run(
+        args.gb, args.repeats, work_n, transports, args.threads, args.cast_in, args.bucket_mb
+    )
     print_table(results)
+    out = summary(results)
+    if "collective" in transports:
+        out["wire"] = wire(args.gb, args.repeats)
+        print_wire(out["wire"])
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(summary(results), f, indent=1)
+            json.dump(out, f, indent=1)
     ray.shutdown()
 
 
