@@ -1,13 +1,14 @@
 """Buckets: how the collective moves a version, in fixed-size pieces through two buffers.
 
 A version's bytes move from the learner's host staging to a consumer end in buckets: byte
-ranges of `bucket_bytes` of its flat buffer (`plan`; the last one shorter). The sender
-(`BucketSender`) copies bucket i into one of two buffers on the wire device (memory.py:
-the learner's GPU for NCCL, host memory for gloo) and sends it while bucket i + 1 is
-copied into the other; a buffer is refilled only once the bucket it held has left. So the
-learner's device holds two buckets for the collective, never a version (a 15 GB 7B
-version in 256 MiB buckets: 512 MiB). One fill of a bucket goes to every end of one fetch
-(a vLLM engine's tensor-parallel workers) before the next.
+ranges of `bucket_bytes` of its flat buffer (`plan`; the last one shorter), at most two in
+flight (`BucketSender`). Over NCCL each bucket is first copied into one of two buffers on
+the learner's GPU (memory.py) and sent while the next is copied into the other; a buffer
+is refilled only once the bucket it held has left. So the learner's device holds two
+buckets for the collective, never a version (a 15 GB 7B version in 256 MiB buckets:
+512 MiB). Over gloo the staging already is where the wire reads: its slices are sent as
+they are (the same double-buffered order, no copy). One bucket goes to every end of one
+fetch (a vLLM engine's tensor-parallel workers) before the next.
 
 A tensor may straddle buckets. A consumer takes the buckets either straight into their
 place (`receive_into`: its parameters laid out flat like the version, loader.FlatLayout;
@@ -37,14 +38,17 @@ def plan(nbytes: int, bucket_bytes: int) -> list[tuple[int, int]]:
 
 
 class BucketSender:
-    """The learner's side: two bucket buffers on the wire device, kept for every send (so
-    the bound holds across versions and consumers: sends run one at a time, publisher.py),
-    and the side stream their copies and sends run on (CUDA)."""
+    """The learner's side of the buckets: the two bucket buffers on the wire device where
+    buckets are staged (kept for every send, so the bound holds across versions and
+    consumers: sends run one fetch at a time, publisher.py), and the side stream their
+    copies and sends run on (CUDA)."""
 
     def __init__(self, memory: Any, backend: str, bucket_bytes: int):
         self.memory = memory
         self.backend = backend
         self.bucket_bytes = bucket_bytes
+        self.staged = memory.staged_buckets(backend)
+        """Copy each bucket into a wire buffer first (NCCL), else send staging slices."""
         self._buffers: list[Any] = []
         self._stream: Any = None
 
@@ -59,32 +63,35 @@ class BucketSender:
         """Send `header` (int64s), then `staging` (a host uint8 tensor) bucket by bucket, to
         rank 1 of every group; returns once every bucket has left and staging may be reused.
 
-        Double-buffered: bucket i + 1 is copied into the other buffer while bucket i is
-        sent. On CUDA the copies and sends are ordered on this sender's side stream (a send
-        waits for its bucket's copy, a refill for the send that read the buffer), never on
-        the stream training uses."""
+        Double-buffered: at most two buckets in flight; a staged bucket i + 1 is copied into
+        the other buffer while bucket i is sent. On CUDA the copies and sends are ordered on
+        this sender's side stream (a send waits for its bucket's copy, a refill for the send
+        that read the buffer), never on the stream training uses."""
         mem = self.memory
         if self._stream is None:
             self._stream = mem.side_stream()
-        wire = "cuda" if self.backend == "nccl" else "cpu"
+        on_gpu = self.backend == "nccl"
         with mem.on(self._stream):
-            head = header.to(mem.device if wire == "cuda" else "cpu")
+            head = header.to(mem.device) if on_gpu else header
             for pg in groups:
                 pg.send([head], 1, HEADER_TAG).wait()
             if staging is None:
                 return
             ranges = plan(int(staging.numel()), self.bucket_bytes)
-            buffers = self._buffers_for(max((e - s for s, e in ranges), default=0))
+            if self.staged:
+                buffers = self._buffers_for(max((e - s for s, e in ranges), default=0))
             inflight: list[list[Any]] = [[], []]
             for i, (s, e) in enumerate(ranges):
                 slot = i % 2
-                for work in inflight[slot]:  # the bucket this buffer held has left
+                for work in inflight[slot]:  # the bucket this slot held has left
                     work.wait()
-                bucket = buffers[slot][: e - s]
-                if wire == "cpu":
-                    copy_bytes(bucket, staging[s:e])
-                else:
-                    bucket.copy_(staging[s:e], non_blocking=True)
+                bucket = staging[s:e]
+                if self.staged:
+                    bucket = buffers[slot][: e - s]
+                    if on_gpu:
+                        bucket.copy_(staging[s:e], non_blocking=True)
+                    else:
+                        copy_bytes(bucket, staging[s:e])
                 inflight[slot] = [pg.send([bucket], 1, BUCKET_TAG + i) for pg in groups]
             for works in inflight:
                 for work in works:

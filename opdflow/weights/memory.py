@@ -6,8 +6,10 @@ One place decides, by the learner's (or consumer's) device and the pair's backen
   pinned (registered with the driver), so the cast's device-to-host copy and the buckets'
   host-to-device copies run asynchronously on a side stream. Never a whole version on the
   learner's GPU.
-- Buckets: the two buffers a collective send moves a version through, on the wire
-  device: the learner's GPU for NCCL, host memory for gloo.
+- Buckets: what a collective send moves a version through, two at a time. For NCCL two
+  buffers on the learner's GPU that each bucket is copied into from staging; for gloo
+  the staging is already where the wire reads (host memory): its bucket-sized slices
+  are sent as they are, no copy (`staged_buckets`).
 - The side stream and its events on CUDA (`streams`); on a CPU there is none: copies
   are synchronous, events are already reached, and the cast's twin of the side stream
   is a thread (cast.py).
@@ -51,6 +53,11 @@ class WeightMemory:
         if self.streams and nbytes:
             _pin(buffer)
         return buffer
+
+    def staged_buckets(self, backend: str) -> bool:
+        """Whether a send copies each bucket from host staging into a buffer on the wire
+        device first (NCCL: the GPU), rather than sending slices of the staging (gloo)."""
+        return backend == "nccl"
 
     def wire(self, nbytes: int, backend: str) -> Any:
         """A bucket buffer of `nbytes` on the wire device: this GPU for NCCL, host memory

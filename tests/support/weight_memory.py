@@ -4,7 +4,9 @@
 cuda=True it plays a GPU (the issue allows a fake device layer for placement): it has
 "streams" (no-op ones, whose events are reached at once) and an NCCL backend, so the weight
 path takes its CUDA branches, and each buffer is recorded as pinned host staging or device
-memory. Bytes alive are counted through weak references: what a path holds, measured.
+memory. With staged=True a gloo send copies its buckets into two buffers as an NCCL send
+does, so that logic runs over real sends. Bytes alive are counted through weak references:
+what a path holds, measured.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ class _Reached:
 
 
 class RecordingMemory(WeightMemory):
-    def __init__(self, cuda: bool = False):
+    def __init__(self, cuda: bool = False, staged: bool | None = None):
+        """`staged`: copy gloo buckets into two wire buffers as NCCL's are (the GPU path's
+        buffer logic over real gloo sends); None: as the real layer decides."""
         super().__init__("cpu")
         self.cuda = cuda
+        self.staged = staged
         self.allocations: list[Allocation] = []
         self.alive = {"host": 0, "wire": 0}
         """Bytes alive now, by kind."""
@@ -74,6 +79,9 @@ class RecordingMemory(WeightMemory):
     def wire(self, nbytes: int, backend: str):
         place = "device" if backend == "nccl" else "pageable"
         return self._record(torch.empty(nbytes, dtype=torch.uint8), "wire", place, nbytes)
+
+    def staged_buckets(self, backend: str) -> bool:
+        return super().staged_buckets(backend) if self.staged is None else self.staged
 
     def side_stream(self):
         return object() if self.cuda else None

@@ -5,11 +5,12 @@
 - A bucketed transfer (the learner's Publisher and a consumer's pair end, two threads here,
   two actors in a run) delivers, byte for byte, what the object-store path puts: straight
   into a model laid out like the version, as whole tensors (vLLM's reload path) and as a
-  whole version; the sender's bucket buffers, counted as they are allocated and freed,
-  never exceed two buckets, also with two consumers fetching at once.
+  whole version. With buckets staged through two buffers as NCCL's are, the sender's
+  bucket buffers, counted as they are allocated and freed, never exceed two buckets, also
+  with two consumers fetching at once; gloo's own path (staging slices) allocates none.
 - Placement, for each transport and device kind (a recording stand-in for a GPU): staging
   is host memory (pinned on the GPU), no object-store publish allocates device memory, and
-  the collective's device memory is its two buckets.
+  the collective's device memory is its two NCCL buckets.
 - A released version is refused in the header, so the consumer does not hang.
 """
 
@@ -112,8 +113,11 @@ def test_buckets_cover_a_version_and_whole_tensors_come_out_of_them():
         plan(1000, 100)
 
 
-def test_a_bucketed_transfer_over_gloo_is_the_object_store_bytes_and_holds_two_buckets():
-    mem = RecordingMemory()
+@pytest.mark.parametrize("buckets", ["staged", "slices"])
+def test_a_bucketed_transfer_over_gloo_is_the_object_store_bytes_and_holds_two_buckets(buckets):
+    """staged: each bucket copied into one of two buffers before it is sent (NCCL's path,
+    here over real gloo sends); slices: gloo's own path, sending staging slices."""
+    mem = RecordingMemory(staged=buckets == "staged")
     pub = Publisher(Collective(bucket_bytes=BUCKET, timeout_s=60), "cpu", memory=mem)
     cast = BF16Cast(True, mem)
     states = {v: _fp32_state(v) for v in (1, 2, 3)}
@@ -169,11 +173,16 @@ def test_a_bucketed_transfer_over_gloo_is_the_object_store_bytes_and_holds_two_b
     sender.join()
     assert _bits(read.items()) == _object_store_bytes(states[2])
 
-    # the sender held two bucket buffers for all of it, never a version
+    # the sender held two bucket buffers for all of it (or none: slices), never a version
     assert not errors, errors
-    assert [a.nbytes for a in mem.of("wire")] == [BUCKET, BUCKET]
-    assert mem.peak["wire"] <= 2 * BUCKET == pub.sender.held_bytes()
-    assert mem.places() == {("host", "pageable"), ("wire", "pageable")}
+    if buckets == "staged":
+        assert [a.nbytes for a in mem.of("wire")] == [BUCKET, BUCKET]
+        assert mem.peak["wire"] <= 2 * BUCKET == pub.sender.held_bytes()
+        assert mem.places() == {("host", "pageable"), ("wire", "pageable")}
+    else:
+        assert mem.of("wire") == [] and pub.sender.held_bytes() == 0
+        assert mem.places() == {("host", "pageable")}
+    assert mem.peak["host"] == 3 * nbytes  # the three versions held: staging only
 
     # a released version is refused in the header: the consumer raises, nothing hangs
     assert pub.retain([3]) == [3]
@@ -209,11 +218,14 @@ def test_staging_is_host_memory_and_only_the_collective_buckets_touch_the_device
     if transport == "object_store":
         assert pub.sender is None and mem.of("wire") == []  # nothing on the device, ever
         return
-    # the sends' copies (to nobody here): two bucket buffers, on the device for NCCL
+    # the sends' buckets (to nobody here): NCCL copies them into two device buffers,
+    # gloo sends slices of the host staging (no buffer)
     header = torch.tensor([1, 1, packed.nbytes, BUCKET])
     pub.sender.send([], header, as_torch(packed.buffer))
-    wire = mem.of("wire")
-    assert [a.place for a in wire] == ["device" if cuda else "pageable"] * 2
-    assert mem.peak["wire"] == 2 * BUCKET < packed.nbytes
+    if cuda:
+        assert [a.place for a in mem.of("wire")] == ["device", "device"]
+        assert mem.peak["wire"] == 2 * BUCKET < packed.nbytes
+    else:
+        assert mem.of("wire") == []
     assert mem.peak["host"] == packed.nbytes  # one version staged, on the host
     cast.close()
