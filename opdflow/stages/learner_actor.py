@@ -11,7 +11,7 @@ beside the next step), then handed to the run's transport (weights/transport.py)
 `ray.put` in a thread of its "weights" concurrency group, or held for the consumers to
 receive over their pairs in buckets (weights/publisher.py). The `WeightsRef` train_step
 returns resolves only once the version is complete. Create it with `learner_class()`,
-which declares that concurrency group.
+which declares those concurrency groups.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from opdflow.stages import StageActor, pin_threads
 from opdflow.weights.transport import ObjectStore, Transport
 from opdflow.weights.version import WeightsRef
 
-CONCURRENCY_GROUPS = {"weights": 4}
-"""Threads beside the training one: seals (object-store puts), pair setups and sends (one
-fetch's sends at a time: weights/publisher.py orders them with the learner's collectives)."""
+CONCURRENCY_GROUPS = {"weights": 4, "sends": 4}
+"""Threads beside the training one: "weights" for seals (object-store puts), pair setups and
+the driver's retain calls; "sends" for collective sends, which run one fetch at a time
+(weights/publisher.py orders them with the learner's collectives), so those queued never
+hold up a retain or a pair setup."""
 RUNTIME_ENV = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}}
 """torch puts the learner's CPU tensors of 2 MiB or more on transparent huge pages (where
 the kernel allows them on request). Streaming the FP32 weights, as the BF16 cast and the
@@ -39,8 +41,8 @@ hardware prefetcher, every 4 KiB); numpy already asks for huge pages for the buf
 
 
 def learner_class(cls: type | None = None) -> Any:
-    """LearnerActor (or a subclass `cls`) as a Ray actor class: its "weights" concurrency
-    group, and its tensors on huge pages."""
+    """LearnerActor (or a subclass `cls`) as a Ray actor class: its "weights" and "sends"
+    concurrency groups, and its tensors on huge pages."""
     return ray.remote(concurrency_groups=CONCURRENCY_GROUPS, runtime_env=RUNTIME_ENV)(
         cls or LearnerActor
     )
@@ -155,7 +157,7 @@ class LearnerActor(StageActor):
         assert self.publisher is not None
         self.publisher.open_pair(key, owner)
 
-    @ray.method(concurrency_group="weights")
+    @ray.method(concurrency_group="sends")
     def send_weights(self, version: int, keys: list[str]) -> int:
         """Send a held version to one fetch's consumer ends (collective: each bucket to
         every end of `keys` before the next); bytes sent."""

@@ -106,8 +106,8 @@ class BucketSender:
 def receive_into(end: PairEnd, dest: Any, bucket_bytes: int) -> None:
     """Receive a version's buckets (after its header) straight into `dest`, a uint8 tensor
     of the version's size: at most two receives in flight. When `dest` is not on the wire
-    device (a gloo pair into a GPU consumer), each bucket lands in one of two host buffers
-    first and is copied on."""
+    device (a gloo pair into a GPU consumer's parameters, an NCCL pair into host memory),
+    each bucket lands in one of two buffers on the wire device first and is copied on."""
     ranges = plan(int(dest.numel()), bucket_bytes)
     if dest.device.type == ("cuda" if end.backend == "nccl" else "cpu"):
         inflight: deque = deque()
@@ -118,7 +118,8 @@ def receive_into(end: PairEnd, dest: Any, bucket_bytes: int) -> None:
         while inflight:
             inflight.popleft().wait()
     else:
-        bounce = [end.memory.wire(min(bucket_bytes, int(dest.numel())), "gloo") for _ in range(2)]
+        size = min(bucket_bytes, int(dest.numel()))
+        bounce = [end.memory.wire(size, end.backend) for _ in range(2)]
         for _, buf, s, e in _received(end, ranges, lambda i: bounce[i % 2]):
             dest[s:e].copy_(buf[: e - s])
     end.memory.synchronize(end.memory.mark())
@@ -203,8 +204,8 @@ class IncomingVersion(Mapping):
 
     `loader.load_module` receives it straight into a module laid out flat like it
     (`receive_into`); anything else that reads it (a name, its items) gets the whole
-    version received into one buffer first (on the wire device, reused across versions),
-    then zero-copy views of it. `finish` drains a version nobody read, so the learner's
+    version received into one host buffer first (reused across versions; on a GPU through
+    two device buckets), then zero-copy views of it. `finish` drains a version nobody read, so the learner's
     send never hangs."""
 
     def __init__(self, end: PairEnd, version: int, specs: tuple[TensorSpec, ...], nbytes: int,

@@ -92,13 +92,14 @@ class PairEnd:
             )  # fmt: skip
 
     def whole_buffer(self, nbytes: int) -> Any:
-        """A buffer for a whole version on the wire device, reused for every version that
-        is received whole (a consumer that cannot take the buckets straight)."""
+        """A host buffer for a whole version, reused for every version that is received
+        whole (a reader that cannot take the buckets straight): only buckets touch the
+        consumer's GPU, never a whole version."""
         import torch
 
         if self._whole is None or self._whole.nbytes != nbytes:
             self._whole = None
-            self._whole = torch.empty(nbytes, dtype=torch.uint8, device=self.wire_device)
+            self._whole = torch.empty(nbytes, dtype=torch.uint8)
         return self._whole
 
 

@@ -14,11 +14,12 @@ CUDA: memory.py), whatever the transport; never a whole version on its GPU. Then
 
 Sends are ordered with the learner's own collectives by streams and events, not by one
 thread: the training thread issues every collective of the learner's group (the step's,
-and the cast's gathers, on the cast's side stream); the "weights" threads issue only pair
+and the cast's gathers, on the cast's side stream); the "sends" threads issue only pair
 sends, one fetch at a time (`_send_lock`), on the sender's own side stream, which waits on
 nothing training does. No wait cycle can form: a pair's only other rank is a consumer
-that posted its receives before asking for the send, so a pair send finishes without any
-learner collective making progress, and no learner collective waits for a pair. Why not
+that asked for the send and then only receives, waiting on nothing the learner's group
+does, so a pair send finishes without any learner collective making progress, and no
+learner collective waits for a pair. Why not
 one thread for all communication: FSDP issues its collectives from inside the step's
 forward and backward, so sends would wait for the step's end (a whole step per fetch);
 one sender at a time also keeps the device's bucket buffers at two. docs/WEIGHTS.md.
@@ -42,7 +43,7 @@ class Publisher:
     """The learner's side (rank 0): staging buffers, puts or held versions, and pairs.
 
     Thread-safe: the learner actor casts in its main thread (or its cast thread) and seals,
-    retains and sends in the threads of its "weights" concurrency group."""
+    retains in the threads of its "weights" concurrency group and sends in its "sends" one."""
 
     def __init__(self, transport: Any, device: Any, memory: WeightMemory | None = None):
         """`transport`: a transport.Transport (ObjectStore or Collective); `memory`: where

@@ -3,7 +3,7 @@
 A learner of 2 gloo ranks (FSDP2: all-gathers and reduce-scatters in its training threads,
 and the cast's gathers) publishes every step through the collective transport; a consumer
 (the rescorer) fetches each version while the learner trains the next step, so rank 0's
-weights thread sends buckets on its pair while its training thread runs the group's
+"sends" thread sends buckets on its pair while its training thread runs the group's
 collectives. Over many steps every call returns within its timeout (a wait cycle would
 hang one), at least one fetch ran while a step trained (else this tests nothing), and the
 consumer loads, byte for byte, the version the learner staged.
