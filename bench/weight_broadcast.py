@@ -1,54 +1,55 @@
 """The run's own weight path, per transport, next to a memcpy of the same bytes.
 
     PYTHONPATH=. python bench/weight_broadcast.py [--gb 1.5] [--repeats 3] [--threads 1]
-                              [--transport both] [--bucket-mb 256] [--cast-in background|caller]
-                              [--out FILE]
+        [--transport both] [--bucket-mb 256] [--cast-in background|caller] [--out FILE]
     PYTHONPATH=. python bench/weight_broadcast.py --quick      # CI size: seconds
 
 A learner actor (LearnerActor with an FP32 state of 4M-element tensors in place of a model:
 `LearnerActor._publish` unchanged) trains and publishes; a generator-like actor (a
 StageActor with a BF16 module of the same tensors) fetches and loads each version with
 `StageActor.ensure_weights`, as GeneratorWorker does. The learner's step is the least any
-step over such a state does: its forward and backward each read every weight, a fixed CPU
-workload stands for their compute, and its optimizer stand-in waits for the running cast
-(as Learner does before its optimizer step) and then updates every weight in place. For
-each transport, per repeat:
+step over such a state does: forward and backward each read every weight, a fixed CPU
+workload stands for their compute, and the optimizer stand-in waits for the running cast
+(as Learner does) and then updates every weight in place. Per transport and repeat:
 
-- publish_critical: what the learner loses to one publish: the seconds the publish call
-  blocks it, plus how much longer the next step takes than a step with nothing being cast
-  or put (each measured right before; the increase holds the step's wait for the cast and
-  the slowdown the cast's and the put's memory traffic cause beside it);
-- cast (in its thread) and put (object_store only, in a learner thread, once cast): seconds;
+- publish_critical: the seconds the publish call blocks the learner, plus how much longer
+  the next step takes than a step with nothing being cast or put (measured right before);
+- cast (in its thread) and put (object_store only, in a learner thread, once cast);
 - fetch_load: the consumer's fetch span, from the ref to the weights in its module
-  (object_store: zero-copy get + one copy into the parameters; collective: the version's
-  buckets of --bucket-mb, copied from the learner's staging into its two bucket buffers
-  and sent on the consumer's gloo/NCCL pair with the learner, received straight into the
-  module's parameters).
+  (object_store: zero-copy get + one copy; collective: buckets of --bucket-mb on the
+  consumer's gloo/NCCL pair with the learner, straight into the module's parameters);
+- with the collective, its bound (bench/gloo_bound.py): one bare gloo message of the
+  same bytes between two actors, next to its own memcpy (the `bound:` line).
 
-And the bound of the collective on this machine (`wire`): one gloo message of the same
-bytes between two actors over the same kind of pair, from a buffer into a buffer, no copy
-at either end, next to its own memcpy.
-
-`--cast-in caller` casts inside the publish call instead (a sharded learner's path, and the
-path before the cast moved beside the next step). memcpy: single-thread np.copyto of the
-state's BF16 bytes in the driver, run right before each timed publish and each fetch; a
-ratio is a repeat's seconds over its adjacent memcpy, and the reported ratio is the median
-over --repeats (after one warm-up; the first fetch also opens the collective's pair). The
-weights the consumer loaded last are checked byte for byte against a plain BF16 cast
-(`to(torch.bfloat16)`) of the learner's weights that version was published from. Default
-size: 1.5 GB, 15 GB where CUDA is visible.
+`--cast-in caller` casts inside the publish call (a sharded learner's path). memcpy:
+single-thread np.copyto of the state's BF16 bytes, right before each timed publish and
+fetch; a ratio is a repeat's seconds over its adjacent memcpy, reported as the median over
+--repeats (after one warm-up, which also opens the collective's pair). The weights the
+consumer loaded last are checked byte for byte against a plain BF16 cast of the learner's
+weights. Default size: 1.5 GB, 15 GB where CUDA is visible.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+def _sibling(name: str) -> Any:
+    """A bench script beside this one, loaded by path (the benches are scripts, no package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gloo_bound = _sibling("gloo_bound")
+Memcpy = gloo_bound.Memcpy
 GB = 1e9
 TENSOR_ELEMENTS = 4 * 2**20
 TRANSPORTS = ("object_store", "collective")
@@ -216,21 +217,6 @@ def digest(module: Any) -> str:
     return h.hexdigest()
 
 
-class Memcpy:
-    """Single-thread np.copyto of `nbytes` between two buffers faulted in once."""
-
-    def __init__(self, nbytes: int):
-        self.src = np.empty(nbytes, dtype=np.uint8)
-        self.src.fill(7)
-        self.dst = np.empty_like(self.src)
-        np.copyto(self.dst, self.src)
-
-    def __call__(self) -> float:
-        t0 = time.perf_counter()
-        np.copyto(self.dst, self.src)
-        return time.perf_counter() - t0
-
-
 def measure(
     transport: str,
     shapes: list,
@@ -353,76 +339,11 @@ def run(
     ]
 
 
-class WireEnd:
-    """One rank of a bare gloo pair (pair.pair_group, as the collective's), for the bound."""
-
-    def __init__(self, nbytes: int):
-        self.buffer = np.empty(nbytes, dtype=np.uint8)
-        self.buffer.fill(7)  # pages mapped before anything is timed
-        self.pg: Any = None
-        self.store: Any = None
-
-    def address(self) -> str:
-        import torch.distributed as dist
-
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        return f"127.0.0.1:{self.store.port}"
-
-    def join(self, address: str, rank: int) -> None:
-        import torch.distributed as dist
-
-        from opdflow.weights.pair import pair_group
-
-        if self.store is None:
-            host, port = address.rsplit(":", 1)
-            self.store = dist.TCPStore(host, int(port), is_master=False)
-        self.pg = pair_group(self.store, rank, "gloo", "cpu", "127.0.0.1", 300)
-
-    def move(self, rank: int) -> float:
-        """Seconds of one message of the whole buffer (rank 1: from posting its receive)."""
-        import torch
-
-        ready = torch.zeros(1)
-        if rank == 0:
-            self.pg.recv([ready], 1, 0).wait()
-            self.pg.send([torch.from_numpy(self.buffer)], 1, 1).wait()
-            return 0.0
-        t0 = time.perf_counter()
-        work = self.pg.recv([torch.from_numpy(self.buffer)], 0, 1)
-        self.pg.send([ready], 0, 0).wait()
-        work.wait()
-        return time.perf_counter() - t0
-
-
 def wire(gb: float, repeats: int) -> dict[str, Any]:
-    """The collective's bound here: one gloo message of `gb` between two actors, next to a
-    memcpy of the same bytes run right before each (medians of `repeats`, one warm-up)."""
-    import ray
-
+    """The collective's bound (bench/gloo_bound.py) for a state of `gb`, next to the same
+    memcpy; needs a connected Ray."""
     nbytes = 2 * sum(m for _, m in make_shapes(int(gb * GB)))
-    memcpy = Memcpy(nbytes)
-    ends = [ray.remote(WireEnd).options(num_cpus=0).remote(nbytes) for _ in range(2)]
-    address = ray.get(ends[0].address.remote())
-    ray.get([end.join.remote(address, rank) for rank, end in enumerate(ends)])
-    rows = []
-    for _ in range(repeats + 1):
-        mc = memcpy()
-        _, seconds = ray.get([end.move.remote(rank) for rank, end in enumerate(ends)])
-        rows.append({"memcpy_s": mc, "wire_s": seconds})
-    for end in ends:
-        ray.kill(end)
-    timed = rows[1:]
-    return {
-        "gb": nbytes / GB,
-        "wire_s": statistics.median(r["wire_s"] for r in timed),
-        "wire_over_memcpy": statistics.median(r["wire_s"] / r["memcpy_s"] for r in timed),
-        "rows": rows,
-    }
-
-
-def print_wire(bound: dict[str, Any]) -> None:
-    print(f"bound: one gloo message of {bound['gb']:.2f} GB over loopback, no copy at either "
-          f"end: {bound['wire_s']:.3f} s, {bound['wire_over_memcpy']:.2f}x memcpy", flush=True)  # fmt: skip
+    return gloo_bound.measure(nbytes, repeats, Memcpy(nbytes))
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -466,7 +387,7 @@ def main() -> None:
     out = summary(results)
     if "collective" in transports:
         out["wire"] = wire(args.gb, args.repeats)
-        print_wire(out["wire"])
+        gloo_bound.print_bound(out["wire"])
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
