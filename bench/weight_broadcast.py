@@ -1,47 +1,55 @@
 """The run's own weight path, per transport, next to a memcpy of the same bytes.
 
     PYTHONPATH=. python bench/weight_broadcast.py [--gb 1.5] [--repeats 3] [--threads 1]
-                              [--transport both] [--cast-in background|caller] [--out FILE]
+        [--transport both] [--bucket-mb 256] [--cast-in background|caller] [--out FILE]
     PYTHONPATH=. python bench/weight_broadcast.py --quick      # CI size: seconds
 
 A learner actor (LearnerActor with an FP32 state of 4M-element tensors in place of a model:
 `LearnerActor._publish` unchanged) trains and publishes; a generator-like actor (a
 StageActor with a BF16 module of the same tensors) fetches and loads each version with
 `StageActor.ensure_weights`, as GeneratorWorker does. The learner's step is the least any
-step over such a state does: its forward and backward each read every weight, a fixed CPU
-workload stands for their compute, and its optimizer stand-in waits for the running cast
-(as Learner does before its optimizer step) and then updates every weight in place. For
-each transport, per repeat:
+step over such a state does: forward and backward each read every weight, a fixed CPU
+workload stands for their compute, and the optimizer stand-in waits for the running cast
+(as Learner does) and then updates every weight in place. Per transport and repeat:
 
-- publish_critical: what the learner loses to one publish: the seconds the publish call
-  blocks it, plus how much longer the next step takes than a step with nothing being cast
-  or put (each measured right before; the increase holds the step's wait for the cast and
-  the slowdown the cast's and the put's memory traffic cause beside it);
-- cast (in its thread) and put (object_store only, in a learner thread, once cast): seconds;
+- publish_critical: the seconds the publish call blocks the learner, plus how much longer
+  the next step takes than a step with nothing being cast or put (measured right before);
+- cast (in its thread) and put (object_store only, in a learner thread, once cast);
 - fetch_load: the consumer's fetch span, from the ref to the weights in its module
-  (object_store: zero-copy get + one copy into the parameters; collective: receive on its
-  gloo/NCCL pair with the learner + one copy).
+  (object_store: zero-copy get + one copy; collective: buckets of --bucket-mb on the
+  consumer's gloo/NCCL pair with the learner, straight into the module's parameters);
+- with the collective, its bound (bench/gloo_bound.py): one bare gloo message of the
+  same bytes between two actors, next to its own memcpy (the `bound:` line).
 
-`--cast-in caller` casts inside the publish call instead (a sharded learner's path, and the
-path before the cast moved beside the next step). memcpy: single-thread np.copyto of the
-state's BF16 bytes in the driver, run right before each timed publish and each fetch; a
-ratio is a repeat's seconds over its adjacent memcpy, and the reported ratio is the median
-over --repeats (after one warm-up; the first fetch also opens the collective's pair). The
-weights the consumer loaded last are checked byte for byte against a plain BF16 cast
-(`to(torch.bfloat16)`) of the learner's weights that version was published from. Default
-size: 1.5 GB, 15 GB where CUDA is visible.
+`--cast-in caller` casts inside the publish call (a sharded learner's path). memcpy:
+single-thread np.copyto of the state's BF16 bytes, right before each timed publish and
+fetch; a ratio is a repeat's seconds over its adjacent memcpy, reported as the median over
+--repeats (after one warm-up, which also opens the collective's pair). The weights the
+consumer loaded last are checked byte for byte against a plain BF16 cast of the learner's
+weights. Default size: 1.5 GB, 15 GB where CUDA is visible.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+def _sibling(name: str) -> Any:
+    """A bench script beside this one, loaded by path (the benches are scripts, no package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gloo_bound = _sibling("gloo_bound")
+Memcpy = gloo_bound.Memcpy
 GB = 1e9
 TENSOR_ELEMENTS = 4 * 2**20
 TRANSPORTS = ("object_store", "collective")
@@ -85,7 +93,7 @@ class StateLearner:
     def __init__(self, shapes: list[tuple[str, int]], cast_in: str = "background"):
         import torch
 
-        from opdflow.runtime.cast import BF16Cast
+        from opdflow.weights.cast import BF16Cast
 
         self.model = _module(shapes, torch.float32, seed=0)
         self.version = 0
@@ -93,7 +101,7 @@ class StateLearner:
         self.cast = BF16Cast(background=cast_in == "background")
 
     def bf16_entries(self) -> list:
-        from opdflow.runtime.cast import bf16_entries
+        from opdflow.weights.cast import bf16_entries
 
         return bf16_entries(self.model.state_dict())
 
@@ -132,18 +140,22 @@ def work(n: int) -> float:
 def learner_actor_class() -> type:
     """LearnerActor whose Learner is a StateLearner; its _publish and weights methods run as
     in a pipeline."""
-    from opdflow.runtime.publisher import Publisher
+    from opdflow.config import WeightsConfig
     from opdflow.stages import pin_threads
     from opdflow.stages.learner_actor import LearnerActor
+    from opdflow.weights.publisher import Publisher
+    from opdflow.weights.transport import parse
 
     class BenchLearner(LearnerActor):
         def __init__(
-            self, shapes: list[tuple[str, int]], transport: str, threads: int, cast_in: str
-        ):
+            self, shapes: list[tuple[str, int]], transport: str, threads: int, cast_in: str,
+            bucket_mb: int = 256,
+        ):  # fmt: skip
             pin_threads(threads)
             self.rank, self.peers = 0, []
             self.learner = StateLearner(shapes, cast_in)
-            self.publisher = Publisher(transport, self.learner.device)
+            weights = WeightsConfig(transport=transport, bucket_mb=bucket_mb)
+            self.publisher = Publisher(parse(weights), self.learner.device)
 
         def publish_next(self) -> tuple[Any, float]:
             """Publish the next version (as after a step): its WeightsRef and the seconds
@@ -177,7 +189,7 @@ def consumer_actor_class() -> type:
             self.version = 0
 
         def load_weights(self, state: dict, version: int) -> None:
-            from opdflow.runtime.weights import load_module
+            from opdflow.weights.loader import load_module
 
             load_module(self.model, state)
             self.version = version
@@ -205,21 +217,6 @@ def digest(module: Any) -> str:
     return h.hexdigest()
 
 
-class Memcpy:
-    """Single-thread np.copyto of `nbytes` between two buffers faulted in once."""
-
-    def __init__(self, nbytes: int):
-        self.src = np.empty(nbytes, dtype=np.uint8)
-        self.src.fill(7)
-        self.dst = np.empty_like(self.src)
-        np.copyto(self.dst, self.src)
-
-    def __call__(self) -> float:
-        t0 = time.perf_counter()
-        np.copyto(self.dst, self.src)
-        return time.perf_counter() - t0
-
-
 def measure(
     transport: str,
     shapes: list,
@@ -228,6 +225,7 @@ def measure(
     work_n: int,
     threads: int = 1,
     cast_in: str = "background",
+    bucket_mb: int = 256,
 ) -> dict:
     """One transport: per-repeat seconds and ratios, medians; needs a connected Ray."""
     import ray
@@ -236,7 +234,7 @@ def measure(
 
     opts = {"num_cpus": 0}
     learner = learner_class(learner_actor_class())
-    learner = learner.options(**opts).remote(shapes, transport, threads, cast_in)
+    learner = learner.options(**opts).remote(shapes, transport, threads, cast_in, bucket_mb)
     consumer = ray.remote(consumer_actor_class()).options(**opts).remote(shapes)
     rows = []
     ray.get(learner.step.remote(work_n))  # pages and caches warm
@@ -278,6 +276,7 @@ def measure(
     return {
         "transport": transport,
         "cast_in": cast_in,
+        "bucket_mb": bucket_mb if transport == "collective" else None,
         "gb": sum(m for _, m in shapes) * 2 / GB,
         "learner_threads": threads,
         "repeats": repeats,
@@ -319,8 +318,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         )
 
 
-QUICK = {"gb": 0.02, "repeats": 1, "work_n": 20}
-"""CI size: a 20 MB state, one timed repeat, both transports: seconds."""
+QUICK = {"gb": 0.02, "repeats": 1, "work_n": 20, "bucket_mb": 4}
+"""CI size: a 20 MB state (5 buckets of 4 MiB), one timed repeat, both transports: seconds."""
 
 
 def run(
@@ -330,11 +329,21 @@ def run(
     transports: tuple = TRANSPORTS,
     threads: int = 1,
     cast_in: str = "background",
+    bucket_mb: int = 256,
 ) -> list:
     """Every transport, one after the other (actors killed between); needs a connected Ray."""
     shapes = make_shapes(int(gb * GB))
     memcpy = Memcpy(sum(m for _, m in shapes) * 2)
-    return [measure(t, shapes, memcpy, repeats, work_n, threads, cast_in) for t in transports]
+    return [
+        measure(t, shapes, memcpy, repeats, work_n, threads, cast_in, bucket_mb) for t in transports
+    ]
+
+
+def wire(gb: float, repeats: int) -> dict[str, Any]:
+    """The collective's bound (bench/gloo_bound.py) for a state of `gb`, next to the same
+    memcpy; needs a connected Ray."""
+    nbytes = 2 * sum(m for _, m in make_shapes(int(gb * GB)))
+    return gloo_bound.measure(nbytes, repeats, Memcpy(nbytes))
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -350,6 +359,8 @@ def main() -> None:
     p.add_argument("--gb", type=float, default=default_gb, help="BF16 state size in GB.")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--transport", choices=[*TRANSPORTS, "both"], default="both")
+    p.add_argument("--bucket-mb", type=int, default=256,
+                   help="The collective's bucket size (weights.bucket_mb).")  # fmt: skip
     p.add_argument("--threads", type=int, default=1,
                    help="The learner's torch threads (resources.learner.torch_threads).")  # fmt: skip
     p.add_argument("--cast-in", choices=CAST_IN, default="background",
@@ -361,6 +372,7 @@ def main() -> None:
     work_n = 200
     if args.quick:
         args.gb, args.repeats, work_n = QUICK["gb"], QUICK["repeats"], QUICK["work_n"]
+        args.bucket_mb = QUICK["bucket_mb"]
     transports = TRANSPORTS if args.transport == "both" else (args.transport,)
 
     import ray
@@ -368,11 +380,17 @@ def main() -> None:
     from opdflow.runtime.cluster import connect
 
     connect(2)
-    results = run(args.gb, args.repeats, work_n, transports, args.threads, args.cast_in)
+    results = run(
+        args.gb, args.repeats, work_n, transports, args.threads, args.cast_in, args.bucket_mb
+    )
     print_table(results)
+    out = summary(results)
+    if "collective" in transports:
+        out["wire"] = wire(args.gb, args.repeats)
+        gloo_bound.print_bound(out["wire"])
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(summary(results), f, indent=1)
+            json.dump(out, f, indent=1)
     ray.shutdown()
 
 

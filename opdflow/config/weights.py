@@ -14,12 +14,14 @@ class WeightsConfig:
     k + 2 live) and the learner's step waits only for its FP32 -> BF16 cast."""
 
     transport: str = "auto"
-    """"object_store": the cast buffer is put in Ray's object store by a learner thread
-    while the next step trains; consumers load zero-copy views of it. "collective": the
-    learner keeps the version (on its GPU) and each consumer receives it on its own 2-rank
-    torch.distributed group with the learner (NCCL between GPUs, gloo on CPUs), so on GPUs
-    nothing goes through host memory. "auto": collective when the learner and every consumer
-    (generator, rescorer, evaluator) have a GPU, else object_store."""
+    """Either way the learner stages each version in host memory (pinned on a GPU), never
+    as a whole extra copy on its GPU. "object_store": the staging is put in Ray's object
+    store by a learner thread while the next step trains; consumers load zero-copy views of
+    it. "collective": the learner holds the staging and each consumer receives it on its
+    own 2-rank torch.distributed group with the learner (NCCL between GPUs, gloo on CPUs)
+    in buckets of `bucket_mb`, straight into its parameters. "auto": collective when the
+    learner and every consumer (generator, rescorer, evaluator) have a GPU, else
+    object_store."""
     timeout_s: float = 300.0
     """collective: a consumer's pair setup or one version's receive that takes longer fails
     its fetch (the stage's work then fails like any stage error)."""

@@ -8,7 +8,6 @@ is wired by the session and wiring.py and handed in; nothing here connects or pl
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +23,10 @@ from opdflow.runtime.checkpoint import Checkpoint
 from opdflow.runtime.placement import Placement
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import StageFailed
-from opdflow.runtime.weights import WeightStore
 from opdflow.stages import actor_options
 from opdflow.testbed.data import PromptSampler, PromptSet
+from opdflow.weights.store import WeightStore
+from opdflow.weights.transport import ObjectStore, Transport
 
 
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
@@ -41,18 +41,17 @@ def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any
         if (where := placement.scheduling("learner")) is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
-    weights = dataclasses.replace(cfg.weights, transport=weights_transport(cfg))
-    args = (student, cfg.train, cfg.seed, res, weights, peers)
+    args = (student, cfg.train, cfg.seed, res, weights_transport(cfg), peers)
     return _actor(learner_class(), res, 0, *args, scheduling=placement.scheduling("learner"))
 
 
-def weights_transport(cfg: PipelineConfig) -> str:
-    """The transport weights.transport resolves to for this run's resources."""
-    from opdflow.runtime.transport import resolve
+def weights_transport(cfg: PipelineConfig) -> Transport:
+    """The transport weights.* parses into for this run's resources ("auto" resolved)."""
+    from opdflow.weights.transport import parse
 
     r = cfg.resources
     consumers = (r.generator.num_gpus, r.rescorer.num_gpus, r.evaluator.num_gpus)
-    return resolve(cfg.weights.transport, r.learner.num_gpus, consumers)
+    return parse(cfg.weights, r.learner.num_gpus, consumers)
 
 
 def _actor(
@@ -84,8 +83,8 @@ class Stages:
     policy: StalenessPolicy
     store: WeightStore = field(default_factory=WeightStore)
     evals: dict[int, Any] = field(default_factory=dict)
-    transport: str = "object_store"
-    """What weights.transport resolved to (weights_transport)."""
+    transport: Transport = field(default_factory=ObjectStore)
+    """What weights.* parsed into (weights_transport)."""
     learner_held: dict[str, Any] | None = None
     """collective: what the learner held after the last release (LearnerActor.held) and
     the versions it was told were still needed then ("needed")."""
@@ -236,9 +235,9 @@ class Stages:
         """Forget versions older than `oldest_needed`; with the collective transport the
         learner then keeps only the live ones and those a pending evaluation will load."""
         self.store.release_below(oldest_needed)
-        if self.transport == "collective":  # a round trip to a learner thread: ~1 ms
-            needed = sorted(set(self.store.live_versions()) | set(self.evals))
-            held = ray.get(self.learner.retain.remote(needed, self.store.latest))
+        needed = sorted(set(self.store.live_versions()) | set(self.evals))
+        held = self.transport.release(self.learner, needed, self.store.latest)
+        if held is not None:
             self.learner_held = {**held, "needed": needed}
 
     def weight_bytes_live(self) -> int:
@@ -246,20 +245,17 @@ class Stages:
         buffers the learner holds for consumers that may still load them (as of the last
         release: live versions, a version a pending evaluation has yet to load, one being
         sent)."""
-        if self.transport == "collective" and self.learner_held is not None:
-            return int(self.learner_held["bytes"])
-        return self.store.bytes_live()
+        return self.transport.bytes_live(self.store, self.learner_held)
 
     def transport_event(self) -> dict[str, Any]:
         """Which transport (and collective backend) each consumer's fetches use."""
-        from opdflow.runtime.pairs import backend_of
+        from opdflow.weights.pair import backend_of
 
-        r, how = self.cfg.resources, self.transport
-        if how == "collective":
-            how = f"collective/{backend_of('cuda' if r.learner.num_gpus > 0 else 'cpu')}"
-        via = {"generator": how if self.cfg.engine.kind != "vllm" or how == "object_store"
+        r, t = self.cfg.resources, self.transport
+        how = t.describe(backend_of("cuda" if r.learner.num_gpus > 0 else "cpu"))
+        via = {"generator": how if self.cfg.engine.kind != "vllm" or not t.needs_receiver
                else f"{how} (vLLM worker extension)"}  # fmt: skip
-        return {"transport": self.transport, "requested": self.cfg.weights.transport,
+        return {"transport": t.name, "requested": self.cfg.weights.transport,
                 **via, "rescorer": how, "evaluator": how}  # fmt: skip
 
     def requests(self, step: int, attempt: int, version: int) -> list[GenerationRequest]:

@@ -7,6 +7,6 @@ vllm_version.py (the release it needs) and vllm_worker.py (what it adds inside v
 workers); only vllm_engine.py imports vllm.
 
 May import: opdflow.core, opdflow.errors, opdflow.testbed (model loading) and, lazily,
-opdflow.runtime (weights views and transport). Imported by stages/, driver/, analysis/
+opdflow.weights (versions, their transports). Imported by stages/, driver/, analysis/
 and commands/.
 """

@@ -65,7 +65,7 @@ class TorchEngine:
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version in place (zero-copy views in: the only copy), then re-apply
         the recipe's weight transform."""
-        from opdflow.runtime.weights import load_module
+        from opdflow.weights.loader import load_module
 
         load_module(self.model, state)
         quantize.transform_weights(self.recipe, self.model)

@@ -5,8 +5,11 @@ under the distribution actually sampled from (vLLM's `processed_logprobs`: after
 temperature and top-p), the full next-token log-distribution on request (small
 vocabularies), and weights updated in place through a vLLM worker extension
 (vllm_worker.py: `reload_weights`, from zero-copy views of the object-store buffer, or of
-a buffer each worker receives on its own collective pair with the learner), so a new
-version costs milliseconds, not an engine restart.
+the buckets each worker receives on its own collective pair with the learner; each
+tensor-parallel worker keeps its shard), so a new version costs milliseconds, not an
+engine restart. A tensor-parallel engine's workers are processes vLLM spawned, not Ray
+workers: an object-store version reaches them through one shared-memory copy the engine
+makes (weights/segment.py), never pickled to each of them.
 The same extension gives `fp8_kv` the emulation's KV scales (amax of each prefill, see
 recipes.py), which vLLM has no option for; `fp8_kv(scale=unit)` is vLLM's own FP8 cache.
 The `LLM(...)` arguments (a recipe's options, the throughput settings for this machine)
@@ -107,34 +110,46 @@ class VLLMEngine:
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version into the running engine (no restart, no new KV cache) and
-        drop the prefix cache: its blocks hold keys and values of the old weights."""
-        self.llm.collective_rpc("opdflow_reload", args=(list(state.items()),))
+        drop the prefix cache: its blocks hold keys and values of the old weights.
+
+        In-process workers (one GPU, or the CPU build's "uni" executor) reload from the
+        views themselves; spawned tensor-parallel workers map one shared copy of the
+        version and each load their shard (weights/segment.py)."""
+        if self.options["distributed_executor_backend"] == "mp":
+            from opdflow.weights.segment import share
+
+            self._segment, specs = share(state, getattr(self, "_segment", None))
+            seg = self._segment
+            self.llm.collective_rpc("opdflow_reload_shared", args=(seg.path, specs, seg.nbytes))
+            seg.unlink()  # every worker has mapped it: the memory lives as long as they do
+        else:
+            self.llm.collective_rpc("opdflow_reload", args=(list(state.items()),))
+        self._loaded(version)
+
+    def _loaded(self, version: int) -> None:
         if self.options["enable_prefix_caching"]:
             self.llm.reset_prefix_cache()
         self.version = version
 
     # A collective weights version is received by each vLLM worker on its own pair with the
-    # learner (transport.Receiver), in pieces of whole layers on its device, each freed once
-    # loaded (vLLM has taken most of the GPU for its KV cache: no room for a whole version).
-
-    piece_bytes = 512 * 2**20
+    # learner (fetcher.Receiver), bucket by bucket on its device, each tensor handed to
+    # vLLM's reload path once whole (each tensor-parallel worker keeps its shard), each
+    # bucket freed once loaded: vLLM has taken most of the GPU for its KV cache.
 
     def pair_owners(self) -> list[str]:
         return list(self.llm.collective_rpc("opdflow_pair_owner"))
 
     def join(self, address: str, keys: list[str], backend: str, timeout_s: float) -> None:
-        from opdflow.runtime.pairs import node_ip
+        from opdflow.weights.pair import node_ip
 
         by_owner = dict(zip(self.pair_owners(), keys))
         self.llm.collective_rpc(
             "opdflow_join", args=(address, by_owner, backend, timeout_s, node_ip())
         )
 
-    def receive(self, version: int, specs: tuple, nbytes: int) -> None:
-        self.llm.collective_rpc("opdflow_receive", args=(version, specs, nbytes, self.piece_bytes))
-        if self.options["enable_prefix_caching"]:
-            self.llm.reset_prefix_cache()
-        self.version = version
+    def receive(self, version: int, specs: tuple, nbytes: int, bucket_bytes: int) -> None:
+        self.llm.collective_rpc("opdflow_receive", args=(version, specs, nbytes, bucket_bytes))
+        self._loaded(version)
 
     def generate(self, request: GenerationRequest) -> RolloutBatch:
         from vllm import SamplingParams as VSamplingParams

@@ -2,9 +2,11 @@
 
 vLLM loads this class by name into every worker process and mixes it into the worker, so
 VLLMEngine reaches it through `collective_rpc`: in-place weight reload by name (from
-zero-copy views of the object-store buffer, or of a buffer the worker receives on its own
-collective pair with the learner, piece by piece), and the fp8_kv amax scales (recipes.py:
-the torch emulation's rule, which vLLM has no option for). Nothing here imports vllm.
+zero-copy views of the object-store buffer, of the engine's shared copy of it when the
+worker is a spawned tensor-parallel process, or of the buckets the worker receives on its
+own collective pair with the learner; vLLM's loaders keep each worker's shard), and the
+fp8_kv amax scales (recipes.py: the torch emulation's rule, which vLLM has no option for).
+Nothing here imports vllm.
 """
 
 from __future__ import annotations
@@ -38,9 +40,22 @@ class WorkerExtension:
     def opdflow_reload(self, named_tensors: list[tuple[str, Any]]) -> None:
         self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)  # type: ignore[attr-defined]
 
+    def opdflow_reload_shared(self, path: str, specs: tuple, nbytes: int) -> None:
+        """Reload from the engine's shared copy of a version (weights/segment.py), mapped
+        zero-copy once per segment; vLLM's loaders take this worker's shard of each."""
+        from opdflow.weights.segment import attach
+        from opdflow.weights.version import PackedWeights, views
+
+        maps = self.__dict__.setdefault("opdflow_segments", {})
+        if path not in maps:
+            maps.clear()  # the previous segment's mapping goes
+            maps[path] = attach(path, nbytes)
+        named = views(PackedWeights(-1, tuple(specs), maps[path])).items()
+        self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)  # type: ignore[attr-defined]
+
     def opdflow_pair_owner(self) -> str:
-        """This worker's id as one end of a collective weights pair (pairs.py)."""
-        from opdflow.runtime.pairs import process_id
+        """This worker's id as one end of a collective weights pair (weights/pair.py)."""
+        from opdflow.weights.pair import process_id
 
         return process_id()
 
@@ -48,19 +63,19 @@ class WorkerExtension:
         self, address: str, keys: dict[str, str], backend: str, timeout_s: float, host: str
     ) -> None:
         """Open this worker's pair with the learner (on its own device for NCCL)."""
-        from opdflow.runtime.pairs import PairEnd, process_id
+        from opdflow.weights.pair import PairEnd, process_id
 
         device = getattr(self, "device", "cpu")
         key = keys[process_id()]
         self.opdflow_end = PairEnd(address, key, backend, device, timeout_s, host)
 
-    def opdflow_receive(self, version: int, specs: tuple, nbytes: int, piece_bytes: int) -> None:
-        """Receive a version on this worker's pair piece by piece (whole decoder layers, each
-        piece freed once vLLM has loaded it), reloading from views of each piece."""
-        from opdflow.runtime.weights import views
+    def opdflow_receive(self, version: int, specs: tuple, nbytes: int, bucket_bytes: int) -> None:
+        """Receive a version on this worker's pair bucket by bucket, handing vLLM's reload
+        path each tensor once whole (each bucket freed once nothing views it)."""
+        from opdflow.weights.bucket import receive_tensors
 
-        pieces = self.opdflow_end.receive_pieces(version, specs, nbytes, piece_bytes)
-        named = (item for packed in pieces for item in views(packed).items())
+        self.opdflow_end.expect(version, nbytes, bucket_bytes)
+        named = receive_tensors(self.opdflow_end, tuple(specs), nbytes, bucket_bytes)
         self.reload_weights(weights_iterator=named, is_checkpoint_format=True)  # type: ignore[attr-defined]
 
     def opdflow_install_kv_amax(self) -> int:

@@ -1,9 +1,9 @@
 """Runtime: what a run needs from Ray, the machines and the disk, with no stage logic.
 
 The Ray connection (cluster.py), placement of actors on nodes (placement.py, clusterfile.py),
-the supervisor and restart record, weights versions and their transports (weights.py,
-cast.py, transport.py, publisher.py, pairs.py, fetcher.py), devices and FSDP sharding, checkpoints, the run directory, the profiler,
-experiment trackers and the export of a finished run's student.
+the supervisor and restart record, devices and FSDP sharding, checkpoints, the run
+directory, the profiler, experiment trackers and the export of a finished run's student.
+Weights versions and their transports are opdflow.weights.
 
 May import: opdflow.core, opdflow.config, opdflow.errors, ray, torch. Imported by stages/,
 driver/, analysis/ and commands/; never imports them.

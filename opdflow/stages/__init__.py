@@ -6,8 +6,8 @@ beside it fetches the weights versions it is handed (WeightsRef), records spans 
 learner, leads its data-parallel peers. Each actor pins its torch threads at start so
 stages sharing a few cores do not fight. Only the actor classes import Ray (lazily).
 
-May import: opdflow.core, opdflow.compute, opdflow.engines, opdflow.runtime, opdflow.testbed,
-opdflow.config, opdflow.errors. Imported by driver/ and the benches.
+May import: opdflow.core, opdflow.compute, opdflow.engines, opdflow.runtime, opdflow.weights,
+opdflow.testbed, opdflow.config, opdflow.errors. Imported by driver/ and the benches.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from opdflow.config import StageResources
 from opdflow.runtime.profiler import SpanRecorder
 
 if TYPE_CHECKING:
-    from opdflow.runtime.weights import WeightsRef
+    from opdflow.weights.version import WeightsRef
 
 
 def actor_options(
@@ -75,24 +75,25 @@ class StageActor(SpanRecorder):
         """Unless `current` is already `weights.version`, get that version into the model,
         timed as a "fetch" span: nothing is fetched when the version is current (the ref
         inside a WeightsRef reaches the actor unresolved). The ref resolves to the version's
-        handle once the version is complete; then `load(views, version)` copies zero-copy
-        views of the object-store buffer into the model, or (collective) the version is
-        received on this actor's pair with the learner, into a buffer on `device`, by
-        `receiver` (default: here, then `load`)."""
+        handle once the version is complete; its transport then gets it into the model:
+        `load(views, version)` copies zero-copy views of the object-store buffer, or
+        (collective) the version is received on this actor's pair with the learner, in
+        buckets on `device`, by `receiver` (default: here, straight into the model through
+        `load`)."""
         if weights.version == current:
             return
-        from opdflow.runtime.fetcher import Fetcher, LocalReceiver
+        from opdflow.weights.fetcher import Fetcher, LocalReceiver
 
         fetcher = self.__dict__.setdefault("_fetcher", Fetcher())
         with self.span("fetch", step, weights.version) as s:
             handle = weights.handle()
-            if handle.transport == "collective" and receiver is None:
+            if handle.transport.needs_receiver and receiver is None:
                 receiver = self.__dict__.get("_receiver")
                 if receiver is None or receiver.load != load:
                     receiver = self.__dict__["_receiver"] = LocalReceiver(load, device)
             fetcher.fetch(handle, load, receiver)
             s["bytes"] = handle.nbytes
-        self.__dict__["weights_transport"] = handle.transport
+        self.__dict__["weights_transport"] = handle.transport.name
 
     def transport_used(self) -> str | None:
         """The transport this actor's last fetch went by (None before any)."""

@@ -27,9 +27,9 @@ import torch
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.runtime.device import stage_device
-from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
 from opdflow.testbed.task import correctness, decoded_responses
+from opdflow.weights.version import WeightsRef
 
 
 class Evaluator:

@@ -24,8 +24,8 @@ import ray
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, merge_requests
 from opdflow.runtime.supervisor import Link
-from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
+from opdflow.weights.version import WeightsRef
 
 
 class GeneratorWorker(StageActor):

@@ -36,10 +36,11 @@ from opdflow.config import TrainConfig
 from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.cast import BF16Cast, bf16_entries, write_bf16
 from opdflow.runtime.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
 from opdflow.runtime.fsdp import DistSpec
-from opdflow.runtime.weights import PackedWeights, allocate
+from opdflow.weights.cast import BF16Cast, bf16_entries, write_bf16
+from opdflow.weights.memory import WeightMemory
+from opdflow.weights.version import PackedWeights, allocate
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,10 @@ class Learner:
         self.version = 0
         self.trained_steps: list[tuple[int, int]] = []  # (step, batch version)
         self.bad_steps = 0
-        self.cast = BF16Cast(background=not self.sharded and self.device.type == "cpu")
-        """Publishing's FP32 -> BF16 cast: beside the next step on an unsharded CPU learner
-        (the step settles it before its optimizer writes the weights), else in the caller."""
+        self.cast = BF16Cast(not self.sharded, WeightMemory(self.device))
+        """Publishing's FP32 -> BF16 cast into host staging, beside the next step: on a side
+        stream on a GPU, in a thread on an unsharded CPU learner (the step settles it
+        before its optimizer writes the weights), else in the caller (weights/cast.py)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -307,9 +309,9 @@ class Learner:
 
     def cast_bf16(self, packed: PackedWeights | None) -> Future:
         """Start casting the current weights to BF16 straight into `packed` (rank 0's
-        buffer, laid out by `bf16_entries`; None on the other ranks): cast.BF16Cast, beside
-        the next step where it can be. The future is done once the bytes are complete.
-        Every rank must call this (sharded tensors are gathered one at a time)."""
+        host staging, laid out by `bf16_entries`; None on the other ranks): BF16Cast,
+        beside the next step where it can be. The future is done once the bytes are
+        complete. Every rank must call this (sharded tensors are gathered one at a time)."""
         return self.cast.start(self.model.state_dict(), packed)
 
     def _take_cast_wait(self) -> float:
@@ -320,7 +322,7 @@ class Learner:
     def bf16_weights(self) -> PackedWeights | None:
         """The current weights in BF16 in a new host buffer, cast now (rank 0; None on the
         others); every rank must call this. The learner actor publishes through reused
-        buffers instead (publisher.py)."""
+        staging instead (weights/publisher.py)."""
         packed = allocate(self.bf16_entries(), self.version) if self.rank == 0 else None
         write_bf16(self.model.state_dict(), packed)
         return packed

@@ -6,11 +6,12 @@ controller sees: it starts ranks 1..N-1 (owned by it, so they die with it), pick
 rendezvous (its node's IP and a free port), and forwards every call that needs all ranks
 (train_step, publish, save/load_checkpoint, sees) to them before running its own part.
 After each step every rank takes part in casting (gathering) the BF16 weights and rank 0
-publishes them as the next version: cast into a buffer it reuses (cast.py: beside the next
-step where it can be), then either a `ray.put` in a thread of its "weights" concurrency
-group, or held for the consumers to receive over their pairs (publisher.py). The
-`WeightsRef` train_step returns resolves only once the version is complete. Create it with
-`learner_class()`, which declares that concurrency group.
+publishes them as the next version: cast into host staging it reuses (weights/cast.py:
+beside the next step), then handed to the run's transport (weights/transport.py): a
+`ray.put` in a thread of its "weights" concurrency group, or held for the consumers to
+receive over their pairs in buckets (weights/publisher.py). The `WeightsRef` train_step
+returns resolves only once the version is complete. Create it with `learner_class()`,
+which declares those concurrency groups.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from typing import Any
 
 import ray
 
-from opdflow.config import LearnerResources, TrainConfig, WeightsConfig
+from opdflow.config import LearnerResources, TrainConfig
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
+from opdflow.weights.transport import ObjectStore, Transport
+from opdflow.weights.version import WeightsRef
 
-CONCURRENCY_GROUPS = {"weights": 4}
-"""Threads beside the training one: seals (object-store puts), pair setups and sends."""
+CONCURRENCY_GROUPS = {"weights": 4, "sends": 4}
+"""Threads beside the training one: "weights" for seals (object-store puts), pair setups and
+the driver's retain calls; "sends" for collective sends, which run one fetch at a time
+(weights/publisher.py orders them with the learner's collectives), so those queued never
+hold up a retain or a pair setup."""
 RUNTIME_ENV = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}}
 """torch puts the learner's CPU tensors of 2 MiB or more on transparent huge pages (where
 the kernel allows them on request). Streaming the FP32 weights, as the BF16 cast and the
@@ -36,8 +41,8 @@ hardware prefetcher, every 4 KiB); numpy already asks for huge pages for the buf
 
 
 def learner_class(cls: type | None = None) -> Any:
-    """LearnerActor (or a subclass `cls`) as a Ray actor class: its "weights" concurrency
-    group, and its tensors on huge pages."""
+    """LearnerActor (or a subclass `cls`) as a Ray actor class: its "weights" and "sends"
+    concurrency groups, and its tensors on huge pages."""
     return ray.remote(concurrency_groups=CONCURRENCY_GROUPS, runtime_env=RUNTIME_ENV)(
         cls or LearnerActor
     )
@@ -52,19 +57,19 @@ class LearnerActor(StageActor):
         train: TrainConfig,
         seed: int = 0,
         resources: LearnerResources | None = None,
-        weights: WeightsConfig | None = None,
+        transport: Transport | None = None,
         peer_options: list[dict[str, Any]] | None = None,
         rank: int = 0,
         rendezvous: str | None = None,
     ):
-        """`resources`: its torch threads and workers (ranks); `weights`: its transport,
-        already resolved ("object_store" or "collective", not "auto"); `peer_options`: the
-        Ray options rank 0 starts each other rank with."""
+        """`resources`: its torch threads and workers (ranks); `transport`: how versions
+        move (weights/transport.py: parsed from weights.* by the driver; default the object
+        store); `peer_options`: the Ray options rank 0 starts each other rank with."""
         from opdflow.runtime.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
         res = resources or LearnerResources()
-        weights = weights or WeightsConfig(transport="object_store")
+        transport = transport or ObjectStore()
         pin_threads(res.torch_threads)
         self.rank = rank
         self.peers: list[Any] = []
@@ -76,16 +81,16 @@ class LearnerActor(StageActor):
                 self.peers = [
                     learner_class()
                     .options(**options[r - 1])
-                    .remote(model_path, train, seed, res, weights, None, r, rendezvous)
+                    .remote(model_path, train, seed, res, transport, None, r, rendezvous)
                     for r in range(1, res.workers)
                 ]
             dist = DistSpec(rank, res.workers, str(rendezvous))
         self.learner = Learner(model_path, train, seed, dist=dist)
         self.publisher = None
         if rank == 0:
-            from opdflow.runtime.publisher import Publisher
+            from opdflow.weights.publisher import Publisher
 
-            self.publisher = Publisher(weights.transport, self.learner.device, weights.timeout_s)
+            self.publisher = Publisher(transport, self.learner.device)
 
     def _on_peers(self, method: str, *args: Any) -> list:
         return [getattr(peer, method).remote(*args) for peer in self.peers]
@@ -123,7 +128,7 @@ class LearnerActor(StageActor):
         return self._with_peers("publish")[0]
 
     def _publish(self) -> tuple[WeightsRef | None, float]:
-        """Start the cast into a reused buffer and hand the buffer to the transport, which
+        """Start the cast into reused host staging and hand it to the transport, which
         puts or sends it once cast: the version's WeightsRef and the seconds this took."""
         t0 = time.perf_counter()
         version = self.learner.version
@@ -134,11 +139,7 @@ class LearnerActor(StageActor):
             if pub is None or packed is None:
                 return None, time.perf_counter() - t0
             me = ray.get_runtime_context().current_actor
-            if pub.transport == "object_store":
-                pub.stage(packed, cast)
-                ref = me.seal.remote(version)  # the put runs in a weights thread, once cast
-            else:
-                ref = ray.put(pub.hold(packed, me, cast))  # the handle only: the bytes stay
+            ref = pub.transport.publish(pub, packed, cast, me)
             s["bytes"] = packed.nbytes
         return WeightsRef(version, ref, packed.nbytes), time.perf_counter() - t0
 
@@ -156,12 +157,12 @@ class LearnerActor(StageActor):
         assert self.publisher is not None
         self.publisher.open_pair(key, owner)
 
-    @ray.method(concurrency_group="weights")
-    def send_weights(self, version: int, key: str, piece_bytes: int = 0) -> int:
-        """Send a held version on a consumer end's pair (collective), in the receiver's
-        pieces; bytes sent."""
+    @ray.method(concurrency_group="sends")
+    def send_weights(self, version: int, keys: list[str]) -> int:
+        """Send a held version to one fetch's consumer ends (collective: each bucket to
+        every end of `keys` before the next); bytes sent."""
         assert self.publisher is not None
-        return self.publisher.send(version, key, piece_bytes)
+        return self.publisher.send(version, keys)
 
     @ray.method(concurrency_group="weights")
     def retain(self, versions: list[int], seq: int = 0) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from typing import Any
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.core.rollout import RolloutBatch, concat
 from opdflow.runtime.device import stage_device
-from opdflow.runtime.weights import WeightsRef
 from opdflow.stages import StageActor, pin_threads
+from opdflow.weights.version import WeightsRef
 
 
 class Rescorer:
@@ -38,7 +38,7 @@ class Rescorer:
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Copy a weights version into the model (host to device on a GPU): its one copy."""
-        from opdflow.runtime.weights import load_module
+        from opdflow.weights.loader import load_module
 
         load_module(self.model, state)
         self.version = version

@@ -1,6 +1,7 @@
-"""weights.transport = "collective" over gloo: a short synchronous demo run whose generator
-loads, byte for byte, the BF16 weights the object-store path publishes, and whose metrics
-equal the object-store run's (the shared k = 0 run) step for step."""
+"""weights.transport = "collective" over gloo: a short synchronous demo run (in buckets of
+1 MiB: a tiny model's version is a few of them) whose generator loads, byte for byte, the
+BF16 weights the object-store path publishes, and whose metrics equal the object-store
+run's (the shared k = 0 run) step for step."""
 
 import json
 
@@ -41,7 +42,7 @@ def _digests():
 
         import torch
 
-        from opdflow.runtime.weights import views
+        from opdflow.weights.version import views
 
         h = hashlib.sha256()
         for t in views(actor.learner.bf16_weights()).values():
@@ -57,7 +58,7 @@ def test_collective_over_gloo_loads_the_published_bytes_and_trains_like_the_obje
     cfg = apply_overrides(
         PipelineConfig(name="t0"),
         ["staleness.k=0", f"train.steps={STEPS}", f"eval.every={STEPS}",
-         "weights.transport=collective"],
+         "weights.transport=collective", "weights.bucket_mb=1"],
     )  # fmt: skip
     stages, seen, held = {}, [], []
     engine_bits, published_bits = _digests()

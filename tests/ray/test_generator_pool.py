@@ -55,9 +55,9 @@ def make_worker(rollout_cluster, tiny, tokenizer):
 
 @pytest.fixture(scope="module")
 def weights(rollout_cluster, tiny):
-    from opdflow.runtime.publisher import put_version
-    from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
+    from opdflow.weights.transport import put_version
+    from opdflow.weights.version import pack
 
     return put_version(pack(load_model(str(tiny.student), "bfloat16").state_dict(), 0))
 
@@ -170,9 +170,9 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, p
 
 
 def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer, pools):
-    from opdflow.runtime.publisher import put_version
-    from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
+    from opdflow.weights.transport import put_version
+    from opdflow.weights.version import pack
 
     pool = GeneratorPool([make_worker()], make_worker, 1, 2, idle_grace_s=60)
     pools.append(pool)

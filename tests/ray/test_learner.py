@@ -5,8 +5,8 @@ import ray
 from support.batches import sampled_batch
 
 from opdflow.config import TrainConfig
-from opdflow.runtime.fetcher import fetch_state
 from opdflow.stages.learner_actor import learner_class
+from opdflow.weights.fetcher import fetch_state
 
 
 def test_a_nan_loss_is_skipped_and_reported_and_weights_stay(ray_local, tiny, tokenizer):

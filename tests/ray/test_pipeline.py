@@ -64,8 +64,8 @@ def test_the_run_trained_what_the_launch_rule_says(runs, k):
 
 @pytest.mark.parametrize("k", [0, 2])
 def test_old_weight_versions_are_released(runs, k, tiny):
-    from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
+    from opdflow.weights.version import pack
 
     summary, metrics, _ = runs[k]
     assert max(r["live_weight_versions"] for r in metrics) <= k + 2

@@ -21,8 +21,8 @@ def _referenced_bytes() -> float:
 
 @pytest.mark.slow
 def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_local, tiny):
-    from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
+    from opdflow.weights.version import pack
 
     k = 2
     cfg = apply_overrides(

@@ -7,7 +7,9 @@ path is the seconds the publish call blocked plus the next step's increase over 
 with nothing being cast or put; each reported figure is the median of this run's own
 repeats and each ratio is a repeat's time over the memcpy timed next to it; publish +
 fetch over memcpy lies between the two single ratios (a mediant); only the object store
-puts; the JSON and the printed table carry the figures issue 27 asks for, unchanged.
+puts; the collective moves its version in buckets; the bound (one bare gloo message of the
+same bytes) is timed next to its own memcpy; the JSON and the printed table carry the
+figures issue 27 asks for, unchanged.
 """
 
 import importlib.util
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from opdflow.runtime.weights import ALIGN
+from opdflow.weights.version import ALIGN
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "weight_broadcast.py"
 SECONDS = (
@@ -88,6 +90,16 @@ def test_quick_bench_times_publish_and_fetch_of_both_transports_next_to_memcpy(
     store, collective = results
     assert all(x["put_s"] > 0 and math.isfinite(x["put_s"]) for x in store["rows"])
     assert all(x["put_s"] == 0 for x in collective["rows"])
+    # the collective moved the version in buckets of --bucket-mb (several at this size)
+    assert (store["bucket_mb"], collective["bucket_mb"]) == (None, bench.QUICK["bucket_mb"])
+    assert state_bytes > 4 * bench.QUICK["bucket_mb"] * 2**20
+    # its bound: one bare gloo message of the same bytes, next to its own memcpy
+    bound = bench.wire(bench.QUICK["gb"], 1)
+    assert bound["gb"] * bench.GB == state_bytes and len(bound["rows"]) == 2
+    assert bound["wire_over_memcpy"] == pytest.approx(
+        bound["rows"][1]["wire_s"] / bound["rows"][1]["memcpy_s"]
+    )
+    assert all(r["wire_s"] > 0 and r["memcpy_s"] > 0 for r in bound["rows"])
 
     out = tmp_path / "bench.json"
     out.write_text(json.dumps(bench.summary(results)))

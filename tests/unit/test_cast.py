@@ -1,15 +1,17 @@
 """The learner's FP32 -> BF16 cast beside its next step publishes, byte for byte, a plain
-cast of the weights it was started on: the step settles it before its optimizer writes them,
-and a failed cast is raised where the bytes would be used."""
+cast of the weights it was started on (in its thread, in the caller, or on a side stream:
+the GPU path's branches, through a stand-in device layer): the step settles it before its
+optimizer writes them, and a failed cast is raised where the bytes would be used."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from support.batches import sampled_batch
+from support.weight_memory import RecordingMemory
 
-from opdflow.runtime.cast import BF16Cast, bf16_entries
-from opdflow.runtime.weights import allocate, views
+from opdflow.weights.cast import BF16Cast, bf16_entries
+from opdflow.weights.version import allocate, views
 
 
 def _plain_bits(state):
@@ -31,15 +33,17 @@ def _assert_same_bytes(packed, expected):
         assert torch.equal(got[k], expected[k]), k
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_the_published_bytes_are_a_plain_cast_of_the_weights_it_started_on(background):
+@pytest.mark.parametrize("mode", ["thread", "caller", "stream"])
+def test_the_published_bytes_are_a_plain_cast_of_the_weights_it_started_on(mode):
     torch.manual_seed(0)
     state = {"a": torch.randn(1000, 37), "b": torch.randn(5) * 1e30, "n": torch.arange(3)}
-    cast = BF16Cast(background)
+    cast = BF16Cast(mode == "thread", RecordingMemory(cuda=mode == "stream"))
+    assert cast.mode == mode
     packed = allocate(bf16_entries(state), 1)
     expected = _plain_bits({k: v.clone() for k, v in state.items()})
     done = cast.start(state, packed)
-    assert cast.settle() >= 0 and done.done()
+    assert cast.settle() >= 0
+    assert done.done() or mode == "stream"  # a stream orders the update on the device
     with torch.no_grad():  # the update a settled step makes: the version keeps its bytes
         state["a"].mul_(3.0)
     _assert_same_bytes(packed, expected)
@@ -56,7 +60,7 @@ def test_a_learner_step_waits_for_the_cast_and_the_version_keeps_its_bytes(tiny,
         logp_rescore_B_T=batch.logp_engine_B_T, logp_teacher_B_T=batch.logp_engine_B_T - 1.0
     )
     learner = Learner(str(tiny.student), TrainConfig(lr=1e-2), device="cpu")
-    assert learner.cast.background  # one unsharded CPU worker casts beside its next step
+    assert learner.cast.mode == "thread"  # one unsharded CPU worker casts beside its next step
     before = _plain_bits(learner.model.state_dict())
     packed = allocate(learner.bf16_entries(), learner.version)
     done = learner.cast_bf16(packed)

@@ -134,12 +134,14 @@ def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
 
 def test_weights_transport_resolves_by_devices_and_refuses_nccl_to_a_cpu_consumer():
     from opdflow.driver.assembly import weights_transport
+    from opdflow.weights.transport import Collective, ObjectStore
 
     gpus = [f"resources.{s}.num_gpus=1" for s in ("learner", "generator", "rescorer", "evaluator")]
-    assert weights_transport(PipelineConfig()) == "object_store"  # auto on CPUs
-    assert weights_transport(apply_overrides(PipelineConfig(), gpus)) == "collective"
-    assert weights_transport(apply_overrides(PipelineConfig(), gpus[:3])) == "object_store"
+    assert weights_transport(PipelineConfig()) == ObjectStore()  # auto on CPUs
+    on_gpus = weights_transport(apply_overrides(PipelineConfig(), [*gpus, "weights.bucket_mb=64"]))
+    assert on_gpus == Collective(bucket_bytes=64 * 2**20, timeout_s=300.0)
+    assert weights_transport(apply_overrides(PipelineConfig(), gpus[:3])) == ObjectStore()
     cpu_collective = apply_overrides(PipelineConfig(), ["weights.transport=collective"])
-    assert weights_transport(cpu_collective) == "collective"  # gloo
+    assert weights_transport(cpu_collective).name == "collective"  # gloo
     with pytest.raises(ConfigError, match=r"weights\.transport = 'collective'.*evaluator"):
         apply_overrides(PipelineConfig(), [*gpus[:3], "weights.transport=collective"])

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from opdflow.runtime.weights import ALIGN, WeightsRef, WeightStore, pack, views
+from opdflow.weights.store import WeightStore
+from opdflow.weights.version import ALIGN, WeightsRef, pack, views
 
 
 def test_pack_and_views_round_trip_keeps_dtype_shape_and_bits():
@@ -88,7 +89,7 @@ def test_views_are_zero_copy_even_of_a_read_only_buffer():
 
 
 def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
-    from opdflow.runtime.weights import FlatLayout, load_module
+    from opdflow.weights.loader import FlatLayout, load_module
 
     for tied in (False, True):
         src, dst = _module(tied=tied), _module(tied=tied)
@@ -108,7 +109,7 @@ def test_load_module_lays_a_module_out_like_the_version_then_copies_it_whole():
 
 
 def test_load_module_falls_back_per_tensor_and_stays_strict():
-    from opdflow.runtime.weights import load_module
+    from opdflow.weights.loader import load_module
 
     src, wide = _module(), _module(torch.float32)  # an engine computing in float32
     load_module(wide, views(pack({k: v.detach() for k, v in src.state_dict().items()}, 1)))
@@ -119,82 +120,3 @@ def test_load_module_falls_back_per_tensor_and_stays_strict():
         load_module(_module(), partial)
     with pytest.raises(KeyError, match="'extra'"):
         load_module(_module(), {**src.state_dict(), "extra": torch.zeros(1)})
-
-
-def test_collective_pair_sends_held_versions_and_refuses_released_ones():
-    """The learner's Publisher and a consumer's PairEnd over gloo (two threads here, two
-    actors in a run): bytes equal, a released version is refused without a hang."""
-    import threading
-
-    from opdflow.runtime.cast import bf16_entries, write_bf16
-    from opdflow.runtime.pairs import PairEnd
-    from opdflow.runtime.publisher import Publisher
-
-    state = {k: v.detach().float() for k, v in _module().state_dict().items()}
-    pub = Publisher("collective", torch.device("cpu"), timeout_s=30)
-    handles, states = [], []
-    for version in (1, 2):
-        packed = pub.buffer(version, bf16_entries(state))
-        write_bf16(state, packed)
-        handles.append(pub.hold(packed, source=None))
-        states.append(state)
-        state = {k: v + 1 for k, v in state.items()}
-    assert pub.held() == [1, 2] and handles[0].backend == "gloo"
-    opened = threading.Thread(target=pub.open_pair, args=("k1", "consumer"))
-    opened.start()
-    end = PairEnd(handles[0].address, "k1", "gloo", "cpu", 30, "127.0.0.1")
-    opened.join()
-    for h, sent in zip(handles, states):
-        receiver = threading.Thread(target=pub.send, args=(h.version, "k1"))
-        receiver.start()
-        got = views(end.receive(h.version, h.specs, h.nbytes))
-        receiver.join()
-        assert got.keys() == sent.keys()
-        for k, v in sent.items():  # the learner's BF16 cast, bit for bit
-            assert torch.equal(got[k].view(torch.int16), v.bfloat16().view(torch.int16)), k
-    # in pieces of whole layers, each in its own buffer (how a vLLM worker receives)
-    h, sent = handles[1], states[1]
-    receiver = threading.Thread(target=pub.send, args=(h.version, "k1", 300))
-    receiver.start()
-    got = {k: v for piece in end.receive_pieces(h.version, h.specs, h.nbytes, 300)
-           for k, v in views(piece).items()}  # fmt: skip
-    receiver.join()
-    assert list(got) == list(sent)  # held until the end: no piece overwrote another
-    for k, v in got.items():
-        assert torch.equal(v.view(torch.int16), sent[k].bfloat16().view(torch.int16)), k
-    assert pub.retain([2]) == [2]
-    errors = []
-
-    def refuse():
-        try:
-            pub.send(1, "k1")
-        except KeyError as exc:
-            errors.append(str(exc))
-
-    sender = threading.Thread(target=refuse)
-    sender.start()
-    with pytest.raises(RuntimeError, match="no longer holds it"):
-        end.receive(1, handles[0].specs, handles[0].nbytes)
-    sender.join()
-    assert errors and "no longer held" in errors[0]
-    assert pub.buffer(3, bf16_entries(state)).buffer is not None  # a freed buffer comes back
-
-
-def test_pieces_keep_layers_whole_and_cover_the_version_in_order():
-    from opdflow.runtime.pairs import plan_pieces
-    from opdflow.runtime.weights import layout
-
-    entries = [("model.embed_tokens.weight", torch.bfloat16, (64, 8))]
-    for i in range(3):
-        for part in ("q_proj.weight", "q_proj.bias", "o_proj.weight"):
-            entries.append((f"model.layers.{i}.self_attn.{part}", torch.bfloat16, (8, 8)))
-    entries.append(("lm_head.weight", torch.bfloat16, (64, 8)))
-    specs, _ = layout(entries)
-    assert plan_pieces(specs, 0) == [(0, len(specs))]
-    for budget in (1, 400, 1000, 10**9):
-        pieces = plan_pieces(specs, budget)
-        assert [i for lo, hi in pieces for i in range(lo, hi)] == list(range(len(specs)))
-        for lo, _ in pieces:  # a layer is never split
-            assert lo == 0 or specs[lo].name.split(".")[:3] != specs[lo - 1].name.split(".")[:3]
-    assert len(plan_pieces(specs, 1)) == 5  # embeddings, 3 layers, head: each alone
-    assert len(plan_pieces(specs, 10**9)) == 1

@@ -120,8 +120,8 @@ def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prom
     import ray
 
     from opdflow.runtime.cluster import connect
-    from opdflow.runtime.weights import pack, views
     from opdflow.testbed.models import load_model
+    from opdflow.weights.version import pack, views
 
     params = SamplingParams(return_logdist=True)
     started = connect(1)
@@ -251,21 +251,25 @@ needs_fp8_kv = pytest.mark.skipif(
 
 def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prompts, tiny):
     """The engine's worker joins its own gloo pair with a learner-side Publisher (here a
-    thread standing in for the learner actor) and reloads from views of what it received,
-    in pieces of whole layers (small pieces here: several per version)."""
+    thread standing in for the learner actor) and reloads from the tensors of what it
+    received, bucket by bucket (small buckets here: many per version, tensors straddling
+    them)."""
     import threading
 
-    from opdflow.runtime.cast import bf16_entries, write_bf16
-    from opdflow.runtime.publisher import Publisher
     from opdflow.testbed.models import load_model
+    from opdflow.weights.cast import bf16_entries, write_bf16
+    from opdflow.weights.publisher import Publisher
+    from opdflow.weights.transport import Collective
 
     params = SamplingParams(return_logdist=True)
     student_state = load_model(str(tiny.student), "bfloat16").state_dict()
     teacher = load_model(str(tiny.teacher), "float32").state_dict()
-    pub = Publisher("collective", torch.device("cpu"), timeout_s=60)
+    bucket = 2**16
+    pub = Publisher(Collective(bucket_bytes=bucket, timeout_s=60), torch.device("cpu"))
     packed = pub.buffer(5, bf16_entries(teacher))
     write_bf16(teacher, packed)
     handle = pub.hold(packed, source=None)
+    assert handle.nbytes > 8 * bucket
     try:
         owners = engine.pair_owners()
         keys = [f"{o}/k" for o in owners]
@@ -275,13 +279,10 @@ def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prom
         engine.join(handle.address, keys, handle.backend, 60)
         for t in opened:
             t.join()
-        engine.piece_bytes = 2**18
-        sends = [threading.Thread(target=pub.send, args=(5, k, 2**18)) for k in keys]
-        for t in sends:
-            t.start()
-        engine.receive(5, handle.specs, handle.nbytes)
-        for t in sends:
-            t.join()
+        sends = threading.Thread(target=pub.send, args=(5, keys))
+        sends.start()
+        engine.receive(5, handle.specs, handle.nbytes, bucket)
+        sends.join()
         batch = engine.generate(_request(prompts, params, seed=3, version=5))
         assert batch.version == 5
         t_logp, _ = _rescore(tiny.teacher, batch, params)

@@ -1,11 +1,13 @@
 """vLLM inside Ray actors, as a run uses it: the tiny pipeline end to end with engine.kind =
 "vllm" (generator replicas and the evaluator's held-out generation on BF16 vLLM engines),
 and a tensor-parallel replica (vLLM's multiprocessing workers, spawned, one per rank: 2 CPU
-ranks of the CPU build)."""
+ranks of the CPU build) taking versions through the object store (one shared copy for its
+workers) and through collective pairs (one per worker)."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import ray
@@ -28,9 +30,9 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
-    from opdflow.runtime.publisher import put_version
-    from opdflow.runtime.weights import pack
     from opdflow.testbed.models import load_model
+    from opdflow.weights.transport import put_version
+    from opdflow.weights.version import pack
 
     return {  # each ref resolves to the version's handle, as the learner publishes it
         name: put_version(pack(load_model(str(path), "bfloat16").state_dict(), version))
@@ -113,5 +115,61 @@ def test_a_tensor_parallel_replica_samples_and_follows_weight_updates(
         print("TP=2 exact KL, (engine weights, rescored by):", kls)
         assert kls["student", "student"] < 1e-3 and kls["teacher", "teacher"] < 5e-3
         assert kls["teacher", "student"] > 20 * kls["teacher", "teacher"]  # it moved
+        # the object-store version reached the two spawned workers through one shared copy,
+        # whose file is gone once they mapped it (nothing left if the actor is killed)
+        shared = ray.get(worker.__ray_call__.remote(
+            lambda actor: (actor.engine._segment.nbytes, os.path.exists(actor.engine._segment.path))
+        ))  # fmt: skip
+        assert shared == (weights["teacher"].nbytes, False)
     finally:
         ray.kill(worker)
+
+
+def test_a_tensor_parallel_replica_takes_collective_versions_on_a_pair_per_worker(
+    cluster, tiny, tokenizer, prompts
+):
+    """weights.transport = "collective" into a TP=2 replica: each spawned worker joins its own
+    gloo pair with the learner and reloads its shard from the buckets it receives; one send
+    call fills each bucket once for both. The learner here holds the teacher's weights as
+    version 1, so the engine's samples move to the teacher's distribution."""
+    from test_vllm_engine import _rescore
+
+    from opdflow.config import TrainConfig
+    from opdflow.stages.generator import GeneratorWorker
+    from opdflow.stages.learner_actor import learner_class
+    from opdflow.weights.transport import Collective
+
+    bucket = 2**16
+    learner = learner_class().options(num_cpus=0).remote(
+        str(tiny.teacher), TrainConfig(), 0, None, Collective(bucket_bytes=bucket, timeout_s=300)
+    )  # fmt: skip
+    worker = (
+        ray.remote(GeneratorWorker)
+        .options(num_cpus=0)
+        .remote(
+            str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id, "vllm", "bf16",
+            1, None, "exact", 5.0, {"tensor_parallel_size": 2},
+        )
+    )  # fmt: skip
+    try:
+
+        def at_version_1(actor):
+            actor.learner.version = 1
+
+        ray.get(learner.__ray_call__.remote(at_version_1))
+        weights = ray.get(learner.publish.remote())
+        assert weights.version == 1 and weights.nbytes > 8 * bucket
+        params = SamplingParams(return_logdist=True)
+        req = GenerationRequest(prompts[:16], list(range(16)), [None] * 16, 4, 3, 1, params)
+        batch = ray.get(worker.generate.remote(req, weights, 1), timeout=600)
+        assert batch.version == 1 and batch.num_tokens > 50
+        _, dist = _rescore(tiny.teacher, batch, params)
+        kl = exact_kl(batch.logdist_engine_B_T_V, dist, batch.response_mask_B_T)
+        print(f"TP=2 over collective pairs: exact KL to the teacher {kl:.2e}")
+        assert kl < 5e-3
+        pairs = ray.get(learner.__ray_call__.remote(lambda actor: len(actor.publisher._pairs)))
+        assert pairs == 2  # one per tensor-parallel worker
+        assert ray.get(worker.transport_used.remote()) == "collective"
+    finally:
+        ray.kill(worker)
+        ray.kill(learner)

@@ -1,15 +1,28 @@
-"""The learner's side of a version's transport: its buffers, the put or the held versions.
+"""The learner's side of a version's transport: host staging, the put or the held versions.
 
-Rank 0 of the learner casts each version (cast.py) into a buffer this `Publisher` hands it
-and reuses (fresh buffers cost a page fault per 4 KiB), then:
+Rank 0 of the learner casts each version (cast.py) into a host staging buffer this
+`Publisher` hands it and reuses (fresh buffers cost a page fault per 4 KiB; pinned on
+CUDA: memory.py), whatever the transport; never a whole version on its GPU. Then:
 
 - object_store: `seal`, in a thread of the learner actor, waits for the cast and
-  `ray.put`s the buffer while the next step trains. The driver's ref is that call's
-  result, so a consumer resolves it only once the put is sealed: never an incomplete
-  version. Two buffers alternate: one being put while the next is cast.
-- collective: the buffer (on the learner's device) is held while the driver says the
-  version may still be needed (`retain`); the object store holds only its handle. Each
-  consumer end receives it by `send` on its pair (pairs.py), which waits for the cast.
+  `ray.put`s the staging buffer while the next step trains. The driver's ref is that
+  call's result, so a consumer resolves it only once the put is sealed: never an
+  incomplete version. Two buffers alternate: one being put while the next is cast.
+- collective: the staging buffer is held while the driver says the version may still be
+  needed (`retain`); the object store holds only its handle. Each fetch gets it by `send`
+  on the consumer's pairs (pair.py), which waits for the cast, in buckets (bucket.py).
+
+Sends are ordered with the learner's own collectives by streams and events, not by one
+thread: the training thread issues every collective of the learner's group (the step's,
+and the cast's gathers, on the cast's side stream); the "sends" threads issue only pair
+sends, one fetch at a time (`_send_lock`), on the sender's own side stream, which waits on
+nothing training does. No wait cycle can form: a pair's only other rank is a consumer
+that asked for the send and then only receives, waiting on nothing the learner's group
+does, so a pair send finishes without any learner collective making progress, and no
+learner collective waits for a pair. Why not
+one thread for all communication: FSDP issues its collectives from inside the step's
+forward and backward, so sends would wait for the step's end (a whole step per fetch);
+one sender at a time also keeps the device's bucket buffers at two. docs/WEIGHTS.md.
 """
 
 from __future__ import annotations
@@ -20,36 +33,28 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
-
-from opdflow.runtime.pairs import (
-    as_timedelta,
-    backend_of,
-    pair_group,
-    piece_end,
-    plan_pieces,
-    sync_device,
-)
-from opdflow.runtime.weights import PackedWeights, WeightsHandle, WeightsRef, allocate, layout
-
-OBJECT_STORE_BUFFERS = 2
-"""Host buffers the object-store publisher alternates between (one being put, one cast)."""
+from opdflow.weights.bucket import BucketSender
+from opdflow.weights.memory import WeightMemory
+from opdflow.weights.pair import as_timedelta, node_ip, pair_group
+from opdflow.weights.version import PackedWeights, WeightsHandle, allocate, as_torch, layout
 
 
 class Publisher:
-    """The learner's side (rank 0): buffers, puts or held versions, and pairs.
+    """The learner's side (rank 0): staging buffers, puts or held versions, and pairs.
 
     Thread-safe: the learner actor casts in its main thread (or its cast thread) and seals,
-    retains and sends in the threads of its "weights" concurrency group."""
+    retains in the threads of its "weights" concurrency group and sends in its "sends" one."""
 
-    def __init__(self, transport: str, device: Any, timeout_s: float = 300.0):
-        if transport not in ("object_store", "collective"):
-            raise ValueError(f"transport {transport!r}: expected object_store or collective")
+    def __init__(self, transport: Any, device: Any, memory: WeightMemory | None = None):
+        """`transport`: a transport.Transport (ObjectStore or Collective); `memory`: where
+        buffers live (default: by `device`)."""
         self.transport = transport
         self.device = device
-        self.timeout_s = timeout_s
+        self.memory = memory or WeightMemory(device)
+        self.backend = self.memory.backend
+        self.timeout_s = float(getattr(transport, "timeout_s", 300.0))
         self._cond = threading.Condition()
-        self._free: list[Any] = []  # buffers nobody uses
+        self._free: list[Any] = []  # staging buffers nobody uses
         self._busy: dict[int, PackedWeights] = {}  # object_store: being put; collective: held
         self._cast: dict[int, Future] = {}  # version -> its cast (done: the bytes are complete)
         self._sending: dict[int, int] = {}  # version -> sends in flight
@@ -59,20 +64,26 @@ class Publisher:
         self.address: str | None = None
         self._pairs: dict[str, Any] = {}  # key -> process group
         self._owner: dict[str, str] = {}  # owner (consumer end) -> its current key
+        self._send_lock = threading.Lock()  # one fetch's sends at a time on this device
+        self.sender: BucketSender | None = None
+        bucket = getattr(transport, "bucket_bytes", 0)
+        if bucket:
+            self.sender = BucketSender(self.memory, self.backend, bucket)
         self.last_put_s = float("nan")
         """Seconds of the latest object-store put (beside the next step)."""
 
-    # ---------------------------------------------------------------- buffers
+    # ---------------------------------------------------------------- staging
 
     def buffer(
         self, version: int, entries: list[tuple[str, Any, tuple[int, ...]]]
     ) -> PackedWeights:
-        """A buffer for `version` laid out for `entries`: a reused one when one is free
-        (object store: waits until one of its two is no longer being put)."""
+        """A staging buffer for `version` laid out for `entries`: a reused one when one is
+        free (object store: waits until one of its two is no longer being put)."""
         _, nbytes = layout(entries)
+        limit = self.transport.staging_buffers
         with self._cond:
-            if self.transport == "object_store":
-                self._cond.wait_for(lambda: len(self._busy) < OBJECT_STORE_BUFFERS)
+            if limit:
+                self._cond.wait_for(lambda: len(self._busy) < limit)
             else:
                 self._drop_unretained()
             buf = next((b for b in self._free if b.nbytes == nbytes), None)
@@ -80,22 +91,8 @@ class Publisher:
                 self._free.remove(buf)
             self._free = [b for b in self._free if b.nbytes == nbytes]  # others never return
         if buf is None:
-            buf = self._new_buffer(nbytes)
+            buf = self.memory.host(nbytes)
         return allocate(entries, version, buf)
-
-    def _new_buffer(self, nbytes: int) -> Any:
-        if backend_of(self.device) == "nccl":
-            import torch
-
-            free, _ = torch.cuda.mem_get_info(self.device)
-            if nbytes > free:
-                raise RuntimeError(
-                    f"weights.transport = 'collective' keeps each live version on the learner's "
-                    f"GPU: {nbytes / 1e9:.1f} GB more do not fit ({free / 1e9:.1f} GB free); "
-                    "lower staleness.k or set weights.transport = 'object_store'"
-                )
-            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return np.empty(nbytes, dtype=np.uint8)
 
     def _release(self, version: int) -> None:
         """(Lock held.) `version`'s buffer goes back to the free list."""
@@ -120,6 +117,21 @@ class Publisher:
         if cast is not None:
             cast.result()
 
+    def held(self) -> list[int]:
+        """Versions whose buffers are held (collective) or being put (object store)."""
+        with self._cond:
+            return sorted(self._busy)
+
+    def sending(self) -> list[int]:
+        """Versions with a send in flight (kept until it ends, even if no longer retained)."""
+        with self._cond:
+            return sorted(self._sending)
+
+    def held_bytes(self) -> int:
+        """Bytes of the staging buffers held (host memory)."""
+        with self._cond:
+            return sum(p.nbytes for p in self._busy.values())
+
     # ---------------------------------------------------------------- object store
 
     def seal(self, version: int) -> WeightsHandle:
@@ -137,7 +149,7 @@ class Publisher:
         finally:
             with self._cond:
                 self._release(version)
-        return WeightsHandle.in_object_store(packed, ref)
+        return WeightsHandle(packed.version, self.transport, packed.specs, packed.nbytes, ref=ref)
 
     # ---------------------------------------------------------------- collective
 
@@ -147,9 +159,8 @@ class Publisher:
         self._ensure_store()
         self.stage(packed, cast)
         return WeightsHandle(
-            packed.version, "collective", packed.specs, packed.nbytes,
-            source=source, address=self.address, backend=backend_of(self.device),
-            timeout_s=self.timeout_s,
+            packed.version, self.transport, packed.specs, packed.nbytes,
+            source=source, address=self.address, backend=self.backend,
         )  # fmt: skip
 
     def retain(self, versions: Iterable[int], seq: int = 0) -> list[int]:
@@ -173,27 +184,11 @@ class Publisher:
             if not self._sending.get(v) and (cast is None or cast.done()):
                 self._release(v)
 
-    def held(self) -> list[int]:
-        """Versions whose buffers are held (collective) or being put (object store)."""
-        with self._cond:
-            return sorted(self._busy)
-
-    def sending(self) -> list[int]:
-        """Versions with a send in flight (kept until it ends, even if no longer retained)."""
-        with self._cond:
-            return sorted(self._sending)
-
-    def held_bytes(self) -> int:
-        with self._cond:
-            return sum(p.nbytes for p in self._busy.values())
-
     def _ensure_store(self) -> None:
         with self._cond:
             if self._store is not None:
                 return
             import torch.distributed as dist
-
-            from opdflow.runtime.pairs import node_ip
 
             host = node_ip()
             self._store = dist.TCPStore(
@@ -210,8 +205,8 @@ class Publisher:
         self._ensure_store()
         host = str(self.address).rsplit(":", 1)[0]
         pg = pair_group(
-            dist.PrefixStore(f"opdflow/{key}/", self._store), 0, backend_of(self.device),
-            self.device, host, self.timeout_s,
+            dist.PrefixStore(f"opdflow/{key}/", self._store), 0, self.backend,
+            self.memory.device, host, self.timeout_s,
         )  # fmt: skip
         with self._cond:
             old = self._owner.get(owner)
@@ -219,15 +214,15 @@ class Publisher:
             self._pairs[key] = pg
             self._owner[owner] = key
 
-    def send(self, version: int, key: str, piece_bytes: int = 0) -> int:
-        """Send a held version to the consumer end `key` once cast: a header, then its
-        bytes, in the pieces `plan_pieces(specs, piece_bytes)` makes (the receiver's plan);
-        its size. A version no longer held is refused in the header, so the consumer does
-        not hang."""
+    def send(self, version: int, keys: list[str]) -> int:
+        """Send a held version, once cast, to the consumer ends `keys` (one fetch: a stage,
+        or every worker of a vLLM engine): a header, then its buckets, each bucket to every
+        end before the next; its size. A version no longer held is refused in the header,
+        so the consumer does not hang. One fetch is sent at a time (see the docstring)."""
         import torch
 
         with self._cond:
-            pg = self._pairs[key]
+            groups = [self._pairs[key] for key in keys]
             packed = self._busy.get(version)
             if packed is not None:
                 self._sending[version] = self._sending.get(version, 0) + 1
@@ -240,10 +235,10 @@ class Publisher:
                 except Exception as exc:  # refused in the header, then raised
                     ok, failed = False, exc
             nbytes = packed.nbytes if ok else 0
-            header = torch.tensor([int(ok), version, nbytes], dtype=torch.int64)
-            if backend_of(self.device) == "nccl":
-                header = header.to(self.device)
-            pg.send([header], 1, 0).wait()
+            assert self.sender is not None, "the object-store transport sends nothing"
+            header = torch.tensor([int(ok), version, nbytes, self.sender.bucket_bytes])
+            with self._send_lock:
+                self.sender.send(groups, header, as_torch(packed.buffer) if ok else None)
             if failed is not None:
                 raise failed
             if not ok:
@@ -251,11 +246,6 @@ class Publisher:
                     f"weights version {version} is no longer held by the learner "
                     f"(held: {self.held()})"
                 )
-            whole = _as_tensor(packed.buffer)
-            for lo, hi in plan_pieces(packed.specs, piece_bytes):
-                start, end = packed.specs[lo].offset, piece_end(packed.specs, hi, packed.nbytes)
-                pg.send([whole[start:end]], 1, 1).wait()
-            sync_device(self.device)
         finally:
             if packed is not None:
                 with self._cond:
@@ -264,18 +254,3 @@ class Publisher:
                         del self._sending[version]
                     self._drop_unretained()
         return nbytes
-
-
-def _as_tensor(buffer: Any) -> Any:
-    import torch
-
-    return torch.from_numpy(buffer) if isinstance(buffer, np.ndarray) else buffer
-
-
-def put_version(packed: PackedWeights) -> WeightsRef:
-    """Publish a packed version through the object store from a driver or a test, as the
-    learner does: the WeightsRef consumers take."""
-    import ray
-
-    handle = WeightsHandle.in_object_store(packed, ray.put(packed))
-    return WeightsRef(packed.version, ray.put(handle), packed.nbytes)
