@@ -28,7 +28,7 @@ from opdflow.memory import engine, trace
 from opdflow.memory.plan import GB, ActorPlan, Part
 from opdflow.memory.shape import ModelShape
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bump when what a trace measures changes: cached traces of other versions are ignored."""
 
 Log = Callable[[str], None]
@@ -84,7 +84,7 @@ def step_setting(
         world=n, sharded=n > 1 or gpu, compute_dtype=compute,
         activation_checkpointing=t.activation_checkpointing, rows=mb_rows,
         prompt=d.max_prompt_tokens, response=cfg.engine.max_new_tokens, micro_batches=count,
-        chunk=t.logit_chunk_tokens, foreach=gpu,
+        chunk=t.logit_chunk_tokens, foreach=gpu, gloo=not gpu and n > 1,
     )  # fmt: skip
 
 

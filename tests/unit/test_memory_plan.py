@@ -42,12 +42,14 @@ SMALL = ModelShape(
 
 
 @pytest.mark.parametrize(
-    ("world", "sharded", "dtype", "ac"),
-    [(2, True, "bfloat16", True), (1, False, "float32", False)],
-    ids=["fsdp2-bf16-checkpointing", "one-fp32-module"],
-)
-def test_a_learner_step_traced_per_layer_equals_the_whole_trace(world, sharded, dtype, ac):
-    setting = trace.StepSetting(world, sharded, dtype, ac, 2, 8, 64, 3, 32, sharded)
+    ("world", "sharded", "dtype", "ac", "gloo"),
+    [(2, True, "bfloat16", True, False), (2, True, "float32", False, True),
+     (1, False, "float32", False, False)],
+    ids=["fsdp2-bf16-checkpointing", "fsdp2-fp32-gloo", "one-fp32-module"],
+)  # fmt: skip
+def test_a_learner_step_traced_per_layer_equals_the_whole_trace(world, sharded, dtype, ac, gloo):
+    foreach = dtype == "bfloat16"  # the GPU-like case
+    setting = trace.StepSetting(world, sharded, dtype, ac, 2, 8, 64, 3, 32, foreach, gloo)
     n = SMALL.layers
     assert n > sum(trace.BASE)  # learner_step extrapolates from BASE layers
     whole = trace.learner_step(SMALL, setting, base=(n, n))
