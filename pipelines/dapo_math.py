@@ -19,7 +19,9 @@ checkpointing per decoder layer; a learner micro-batch holds one full-length res
 rescorer, teacher and evaluator's prefill use the same budget; the evaluator generates 32
 (7B) or 64 (1.5B) held-out prompts at a time with a BF16 vLLM engine (40% of its GPU; the
 BF16 student and the teacher that score the responses hold the rest: 73 GB for 7B). On
-80 GB GPUs the 7B learner needs 4 ranks (`student_7b_2x8`). Weights move by
+GPUs given as `--gpu-mem 80` the 2-rank 7B learner does not fit (78 GB is over 95% of
+80; an A100 80GB reports 85 GB, where it does: 92%); `student_7b_2x8` has 4 ranks (59 GB
+at rank 0's peak). Weights move by
 `weights.transport = "auto"`: between GPUs the collective, a version staged in host memory
 and sent in two buckets of `weights.bucket_mb` (256 MiB) on each side.
 Answers are graded by math-verify
@@ -139,7 +141,7 @@ def student_7b_async() -> PipelineConfig:
 
 def student_7b_2x8() -> PipelineConfig:
     """The 7B standard run on two nodes of eight GPUs of 80 GB or more: 4 learner ranks
-    (30 GB of sharded state each, room for two responses per micro-batch: 58 GB at rank
+    (30 GB of sharded state each, room for two responses per micro-batch: 59 GB at rank
     0's peak) beside the rescorer + teacher GPU and the evaluator's on one node; 10 vLLM
     replicas on the GPUs left (2 + 8).
 

@@ -51,7 +51,9 @@ def validate(
 ) -> None:
     """Load and validate PIPELINE (path.py[:function]) without starting Ray.
 
-    Checks the config, not the files it names (run checks those when it starts)."""
+    Checks the config, not the files it names (run checks those when it starts). Given GPU
+    memory (--gpu-mem, or a cluster file naming its GPUs), also plans every GPU actor's
+    peak memory by part and refuses a pipeline that does not fit."""
     import json
 
     from opdflow.config.loader import load_pipeline
