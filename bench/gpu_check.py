@@ -12,7 +12,10 @@ and timed: TorchEngine sampling, the BF16 rescore, the teacher scoring and one l
 --micro-batch-tokens, activation checkpointing). It prints tokens/s per stage with the
 model FLOPs utilisation it implies (2N FLOPs a token forward, 6N a training token, N the
 matmul parameters; attention not counted, so it understates long sequences), each stage's
-peak memory, and whether the micro-batched gradient equals the full-batch gradient on a
+peak memory beside the memory plan's (opdflow.memory, as `opdflow validate --gpu-mem`
+plans it: the learner step and the scorers' prefill traced on fake tensors, the engine
+computed; on a GPU the allocator's peak, on a CPU the stage's tensors plus the resident
+set's rise), and whether the micro-batched gradient equals the full-batch gradient on a
 few responses (within the compute dtype's precision). --out writes the numbers as JSON.
 """
 
@@ -73,11 +76,16 @@ class Meter:
     def __init__(self, device, peak_tflops: float | None):
         self.device, self.peak, self.rows = device, peak_tflops, []
 
-    def run(self, stage: str, tokens: int, flops_per_token: float, fn, *args):
-        from opdflow.runtime.device import peak_memory_gb, reset_peak_memory
+    def run(self, stage: str, tokens: int, flops_per_token: float, fn, *args, model=None,
+            plan_gb: float | None = None, peak_of=None):  # fmt: skip
+        """Time fn(*args) and read its peak memory (runtime/device.py's PeakMemory: the
+        allocator's peak on a GPU; on a CPU `model`'s tensors plus the resident set's rise),
+        or take it from `peak_of(out)`, beside `plan_gb`, the memory plan's figure."""
+        from opdflow.runtime.device import PeakMemory, tensor_bytes
 
         self.sync()
-        reset_peak_memory(self.device)
+        held = tensor_bytes(model.parameters()) if model is not None else 0
+        memory = PeakMemory(self.device, held)
         t0 = time.perf_counter()
         out = fn(*args)
         self.sync()
@@ -86,7 +94,7 @@ class Meter:
         self.rows.append({
             "stage": stage, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
             "tflops": tflops, "mfu": tflops / self.peak if self.peak else None,
-            "peak_mem_gb": peak_memory_gb(self.device),
+            "peak_mem_gb": peak_of(out) if peak_of else memory.gb(), "plan_gb": plan_gb,
         })  # fmt: skip
         return out
 
@@ -98,14 +106,45 @@ class Meter:
 
     def table(self) -> str:
         lines = [f"{'stage':<10} {'tokens':>9} {'s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
-                 f"{'MFU':>6} {'peak GB':>8}"]  # fmt: skip
+                 f"{'MFU':>6} {'peak GB':>8} {'plan GB':>8} {'peak/plan':>9}"]  # fmt: skip
         for r in self.rows:
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+            plan = r["plan_gb"]
+            ratio = f"{r['peak_mem_gb'] / plan:9.2f}" if plan else f"{'n/a':>9}"
             lines.append(
                 f"{r['stage']:<10} {r['tokens']:>9} {r['seconds']:>8.2f} "
                 f"{r['tokens_per_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6} {r['peak_mem_gb']:>8.2f}"
+                f" {plan or 0:>8.2f} {ratio}"
             )
         return "\n".join(lines)
+
+
+def memory_plans(student: Path, device, B: int, P: int, T: int, budget: int) -> dict[str, float]:
+    """Each stage's planned peak in GB (opdflow.memory: the learner step and the prefill traced
+    on fake tensors, the engine computed), as the device's allocator counts it (no CUDA
+    context). Traced before any process group exists: the trace makes a fake one."""
+    import numpy as np
+
+    from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS
+    from opdflow.core import microbatch
+    from opdflow.memory import engine, trace
+    from opdflow.memory.shape import model_shape
+
+    shape = model_shape(str(student), "student")
+    gpu = device.type == "cuda"
+    plan = microbatch.plan(np.full(B, P), np.full(B, T), budget)
+    rows = max(len(m) for m in plan)
+    sampling = engine.torch_engine(shape, B, P + T)
+    scorer = sum(trace.prefill(shape, rows, P, T, DEFAULT_CHUNK_TOKENS).values())
+    step = trace.StepSetting(
+        world=1, sharded=True, compute_dtype="bfloat16" if gpu else "float32",
+        activation_checkpointing=True, rows=rows, prompt=P, response=T,
+        micro_batches=len(plan), chunk=DEFAULT_CHUNK_TOKENS, foreach=gpu,
+    )  # fmt: skip
+    learner = max(sum(p.values()) for p in trace.learner_step(shape, step).values())
+    engine_gb = sampling.weights + sampling.kv_cache + sampling.reserve - engine.CONTEXT_BYTES
+    return {"sampling": engine_gb / 1e9, "rescore": scorer / 1e9, "teacher": scorer / 1e9,
+            "learner": learner / 1e9}  # fmt: skip
 
 
 def gradient_check(learner, batch, rows: int) -> dict:
@@ -175,6 +214,9 @@ def main() -> int:
         n = build(config, student, 0, device)
         build(config, teacher, 1, device)
         print(f"built student and teacher: {n / 1e6:,.1f}M matmul parameters each", flush=True)
+        plans = memory_plans(student, device, B, P, T, budget)
+        print("memory plan (GB): " + ", ".join(f"{k} {v:.2f}" for k, v in plans.items()),
+              flush=True)  # fmt: skip
 
         never = config.vocab_size  # an EOS id no model samples: every response is T tokens
         engine = TorchEngine(str(student), 0, never, "bf16", str(device))
@@ -182,22 +224,34 @@ def main() -> int:
         prompts = [rng.integers(1, config.vocab_size, P).tolist() for _ in range(B)]
         request = GenerationRequest(prompts, list(range(B)), [None] * B, 1, 0, 0,
                                     SamplingParams(1.0, 1.0, T))  # fmt: skip
-        batch = meter.run("sampling", B * T, 2 * n, engine.generate, request)
+        batch = meter.run("sampling", B * T, 2 * n, engine.generate, request,
+                          model=engine.model, plan_gb=plans["sampling"])  # fmt: skip
         del engine
 
         rescorer = Rescorer(str(student), micro_batch_tokens=budget, device=str(device))
-        batch = meter.run("rescore", batch.num_tokens, 2 * n, rescorer.rescore, batch)
+        batch = meter.run("rescore", batch.num_tokens, 2 * n, rescorer.rescore, batch,
+                          model=rescorer.model, plan_gb=plans["rescore"])  # fmt: skip
         del rescorer
         scorer = TeacherScorer(str(teacher), micro_batch_tokens=budget, device=str(device))
-        batch = meter.run("teacher", batch.num_tokens, 2 * n, scorer.score, batch)
+        batch = meter.run("teacher", batch.num_tokens, 2 * n, scorer.score, batch,
+                          model=scorer.model, plan_gb=plans["teacher"])  # fmt: skip
         del scorer
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
         train = TrainConfig(lr=1e-6, micro_batch_tokens=budget, activation_checkpointing=True)
         learner = Learner(str(student), train, device=str(device), shard=True)
-        learner.accumulate_gradients(batch.select([0]))  # warm-up: kernels, allocator
-        out = meter.run("learner", batch.num_tokens, 6 * n, learner.train_step, 0, batch)
+        learner.train_step(0, batch.select([0]))  # warm-up: kernels, allocator, AdamW moments
+        out = meter.run(
+            "learner",
+            batch.num_tokens,
+            6 * n,
+            learner.train_step,
+            1,
+            batch,
+            plan_gb=plans["learner"],
+            peak_of=lambda m: m["learner_peak_mem_gb"],
+        )
         grad = gradient_check(learner, batch, rows=min(4, B))
 
     print(meter.table())

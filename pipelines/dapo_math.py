@@ -10,14 +10,21 @@ an RL-fine-tuned version of itself; 200 steps of 8 problems x 8 responses at tem
 BF16 (k = 0); held-out KL on 530 problems (AIME24 + MATH-500); two nodes of four GPUs (the
 paper's GH200s, 96 GB each).
 
-Memory is sized for those GPUs (80-96 GB): the learner is 2 FSDP2 ranks (bf16 compute,
-FP32 master weights and AdamW: ~61 GB of sharded state per rank for 7B, ~14 GB for 1.5B)
-with activation checkpointing per decoder layer; a learner micro-batch holds one
-full-length response for 7B (2,048 + 16,384 tokens: ~4 GB of checkpointed layer inputs
-plus one layer's activations) and two for 1.5B; the rescorer, teacher and evaluator's
-prefill use the same budget; the evaluator generates 32 (7B) or 64 (1.5B) held-out
-prompts at a time with a BF16 vLLM engine (40% of its GPU; the BF16 student and the teacher
-that score the responses hold the rest). Answers are graded by math-verify
+Memory is planned for those GPUs (96 GB; `opdflow validate PIPELINE --cluster 2x4:72
+--gpu-mem 96` prints each GPU actor's peak by part and refuses what does not fit, see
+docs/MEMORY.md). The learner is 2 FSDP2 ranks (bf16 compute, FP32 master weights and
+AdamW: 61 GB of sharded state per rank for 7B, 14 GB for 1.5B) with activation
+checkpointing per decoder layer; a learner micro-batch holds one full-length response for
+7B (2,048 + 16,384 tokens; rank 0 peaks at 78 GB of 96) and two for 1.5B (28 GB); the
+rescorer, teacher and evaluator's prefill use the same budget; the evaluator generates 32
+(7B) or 64 (1.5B) held-out prompts at a time with a BF16 vLLM engine (40% of its GPU; the
+BF16 student and the teacher that score the responses hold the rest: 73 GB for 7B). On
+GPUs given as `--gpu-mem 80` the 2-rank 7B learner does not fit (78 GB is over 95% of
+80; an A100 80GB reports 85 GB, where it does: 92%); `student_7b_2x8` has 4 ranks (59 GB
+at rank 0's peak). Weights move by
+`weights.transport = "auto"`: between GPUs the collective, a version staged in host memory
+and sent in two buckets of `weights.bucket_mb` (256 MiB) on each side.
+Answers are graded by math-verify
 (data.grader = "math": `\\boxed{}` answers against DAPO's ground truth and the held-out
 set's answers, 1/2 = 0.5 = \\frac{1}{2}), for held-out accuracy and RL baselines.
 
@@ -110,18 +117,17 @@ def _resources() -> ResourcesConfig:
 
 
 def student_7b() -> PipelineConfig:
-    """7B student, synchronous BF16 (the standard run). Weights go through the object store:
-    the collective transport keeps every live version (15 GB each) on the learner's first
-    GPU, which its ~61 GB of sharded state leaves no room for."""
-    cfg = _paper(
+    """7B student, synchronous BF16 (the standard run), on two nodes of four 96 GB GPUs.
+    Weights by the default transport ("auto": the collective between GPUs): each version
+    is staged in host memory and sent in two 256 MiB buckets, which the learner's GPU has
+    room for beside its 61 GB of sharded state (rank 0 peaks at 78 GB of 96)."""
+    return _paper(
         "dapo-7b",
         "DeepSeek-R1-Distill-Qwen-7B",
         _resources(),
         micro_batch_tokens=18432,  # one 2,048 + 16,384-token response
         eval_batch=32,
     )
-    cfg.weights.transport = "object_store"
-    return cfg
 
 
 def student_7b_async() -> PipelineConfig:
@@ -134,9 +140,10 @@ def student_7b_async() -> PipelineConfig:
 
 
 def student_7b_2x8() -> PipelineConfig:
-    """The 7B standard run on two nodes of eight GPUs: 4 learner ranks (~30 GB of sharded
-    state each, room for two responses per micro-batch) beside the rescorer + teacher GPU
-    and the evaluator's on one node; 10 vLLM replicas on the GPUs left (2 + 8).
+    """The 7B standard run on two nodes of eight GPUs of 80 GB or more: 4 learner ranks
+    (30 GB of sharded state each, room for two responses per micro-batch: 59 GB at rank
+    0's peak) beside the rescorer + teacher GPU and the evaluator's on one node; 10 vLLM
+    replicas on the GPUs left (2 + 8).
 
         opdflow validate pipelines/dapo_math.py:student_7b_2x8 --cluster 2x8:128
     """

@@ -1,14 +1,20 @@
 """`opdflow validate` and `opdflow run`: a pipeline file checked, then run.
 
 validate loads and checks the config without starting Ray (and, given a cluster, places
-every actor on it); run trains on an embedded local Ray cluster or RAY_ADDRESS.
+every actor on it; given GPU memory, plans every GPU actor's, opdflow/memory); run trains
+on an embedded local Ray cluster or RAY_ADDRESS.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from opdflow.commands.options import pipeline_argument, set_option, steps_option
+
+if TYPE_CHECKING:
+    from opdflow.config import PipelineConfig
 
 
 @click.command()
@@ -27,12 +33,27 @@ from opdflow.commands.options import pipeline_argument, set_option, steps_option
     help="Also place every actor on the nodes a Ray cluster launcher YAML or KubeRay manifest "
     "declares (CPUs, GPUs, custom resources, max workers), e.g. cluster/aws-gpu.yaml.",
 )
+@click.option(
+    "--gpu-mem",
+    type=float,
+    default=None,
+    metavar="GB",
+    help="Also plan every GPU actor's peak memory by part on GPUs of GB GB (1e9 bytes) each, "
+    "e.g. 96, and refuse a pipeline that does not fit (with --cluster-yaml: instead of the "
+    "GPU memory the file's instance or accelerator types give).",
+)
 def validate(
-    pipeline: str, overrides: tuple[str, ...], cluster: str | None, cluster_yaml: str | None
+    pipeline: str,
+    overrides: tuple[str, ...],
+    cluster: str | None,
+    cluster_yaml: str | None,
+    gpu_mem: float | None,
 ) -> None:
     """Load and validate PIPELINE (path.py[:function]) without starting Ray.
 
-    Checks the config, not the files it names (run checks those when it starts)."""
+    Checks the config, not the files it names (run checks those when it starts). Given GPU
+    memory (--gpu-mem, or a cluster file naming its GPUs), also plans every GPU actor's
+    peak memory by part and refuses a pipeline that does not fit."""
     import json
 
     from opdflow.config.loader import load_pipeline
@@ -53,8 +74,42 @@ def validate(
     for node in dict.fromkeys(sorted(where.values(), key=_node_order)):
         actors = ", ".join(a for a, n in where.items() if n == node)
         click.echo(f"{node}: {actors}", err=True)
+    memory = _memory_plan(cfg, cluster_yaml, where, gpu_mem)
     fits = f" and fits {cluster or cluster_yaml}" if where else ""
-    click.secho(f"{pipeline}: valid{fits}", fg="green", err=True)
+    click.secho(f"{pipeline}: valid{fits}{memory}", fg="green", err=True)
+
+
+def _memory_plan(
+    cfg: PipelineConfig, cluster_yaml: str | None, where: dict[str, str], gpu_mem: float | None
+) -> str:
+    """Print the memory plan where a GPU memory is known (--gpu-mem, or the cluster file's
+    GPU types); raise its ConfigError if an actor does not fit. What to add to the verdict."""
+    from opdflow.config import STAGES
+
+    if not any(getattr(cfg.resources, s).num_gpus > 0 for s in STAGES):
+        return " (no GPU actors: no memory plan)" if gpu_mem else ""
+    from opdflow.memory.actors import plan_pipeline
+    from opdflow.memory.plan import uniform
+
+    if gpu_mem is not None:
+        gpu_of = uniform(gpu_mem)
+    elif cluster_yaml:
+        from opdflow.memory.gpus import placed_gpus
+
+        gpu_of = placed_gpus(cluster_yaml, where)
+        if not any(gpu_of(a) for a in where):
+            click.echo(
+                f"memory plan: {cluster_yaml} names no GPU type the plan knows (an instance "
+                "type, a GPU node selector or an accelerator_type resource): give --gpu-mem GB",
+                err=True,
+            )
+            return ""
+    else:
+        return ""
+    plan = plan_pipeline(cfg, gpu_of, log=lambda msg: click.echo(msg, err=True))
+    click.echo("\n".join(plan.lines()), err=True)
+    plan.check()
+    return ", and its memory plan fits"
 
 
 def _node_order(label: str) -> tuple:

@@ -91,6 +91,24 @@ def _response_hidden(
     device = model_device(model)
     ids, attn, pos, P = batch_tensors(batch, device)
     T = batch.response_ids_B_T.shape[1]
+    mask_B_T = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool), device=device)
+    h_N_H = response_hidden(model, ids, attn, pos, P, T)[mask_B_T]
+    return h_N_H, ids[:, P : P + T][mask_B_T], mask_B_T
+
+
+def response_hidden(
+    model: torch.nn.Module,
+    ids_B_L: torch.Tensor,
+    attn_B_L: torch.Tensor,
+    pos_B_L: torch.Tensor,
+    prompt_width: int,
+    response_width: int,
+) -> torch.Tensor:
+    """h_B_T_H: the final hidden states (post-norm) that predict each response position.
+
+    The model's own forward runs (so a DDP or FSDP wrapper sees it), with `logits_to_keep=1`
+    so its lm_head projects only the last position; a hook on the decoder captures the
+    hidden states the lm_head would have read."""
     captured: list[torch.Tensor] = []
 
     def keep(_module, _args, out) -> None:
@@ -99,13 +117,13 @@ def _response_hidden(
     handle = _unwrap(model).get_decoder().register_forward_hook(keep)
     try:
         model(
-            input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=1, use_cache=False
-        )
+            input_ids=ids_B_L, attention_mask=attn_B_L, position_ids=pos_B_L, logits_to_keep=1,
+            use_cache=False,
+        )  # fmt: skip
     finally:
         handle.remove()
-    mask_B_T = torch.tensor(np.asarray(batch.response_mask_B_T, dtype=bool), device=device)
-    h_N_H = captured[0][:, P - 1 : P - 1 + T][mask_B_T]
-    return h_N_H, ids[:, P : P + T][mask_B_T], mask_B_T
+    start = prompt_width - 1
+    return captured[0][:, start : start + response_width]
 
 
 def _logits(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float) -> torch.Tensor:
@@ -188,6 +206,25 @@ def _scatter(values_N: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
     return flat.index_put((index,), values_N).reshape(mask_B_T.shape)
 
 
+def head_logprobs(
+    model: torch.nn.Module,
+    h_N_H: torch.Tensor,
+    targets_N: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy: bool = False,
+    ref: np.ndarray | None = None,
+    ref_rows: np.ndarray | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logp_N of `targets_N` under the model's lm_head applied to h_N_H, `chunk_tokens` rows
+    at a time (differentiable; backward recomputes each chunk), with entropy_N and the exact
+    KL(ref || model)_N against `ref[ref_rows]` (empty unless asked for)."""
+    weight, bias = _head(model)
+    return _ChunkedLogprob.apply(
+        h_N_H, weight, bias, targets_N, temperature, chunk_tokens, entropy, ref, ref_rows
+    )
+
+
 def score_tokens(
     model: torch.nn.Module,
     batch: RolloutBatch,
@@ -202,14 +239,13 @@ def score_tokens(
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens={chunk_tokens!r}: must be a positive number of tokens")
     h_N_H, targets_N, mask_B_T = _response_hidden(model, batch)
-    weight, bias = _head(model)
     ref, rows = None, None
     if ref_logdist_B_T_V is not None:
         ref = np.asarray(ref_logdist_B_T_V)  # numpy: read-only Ray arrays stay uncopied
         ref = ref.reshape(-1, ref.shape[-1])  # (B*T) x V view; each chunk copies its rows
         rows = mask_B_T.reshape(-1).nonzero().squeeze(-1).cpu().numpy()
-    logp_N, ent_N, kl_N = _ChunkedLogprob.apply(
-        h_N_H, weight, bias, targets_N, temperature, chunk_tokens, entropy, ref, rows
+    logp_N, ent_N, kl_N = head_logprobs(
+        model, h_N_H, targets_N, temperature, chunk_tokens, entropy, ref, rows
     )
     return TokenScores(
         _scatter(logp_N, mask_B_T),
@@ -229,6 +265,19 @@ def exact_kl_between(
     zero where masked), two models' logits compared chunk by chunk at temperature 1."""
     hq_N_H, _, mask_B_T = _response_hidden(model_q, batch)
     hp_N_H, _, _ = _response_hidden(model_p, batch)
+    return _scatter(heads_kl(model_q, model_p, hq_N_H, hp_N_H, chunk_tokens), mask_B_T)
+
+
+@torch.no_grad()
+def heads_kl(
+    model_q: torch.nn.Module,
+    model_p: torch.nn.Module,
+    hq_N_H: torch.Tensor,
+    hp_N_H: torch.Tensor,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Exact KL(q || p)_N (float64) between two lm_heads applied to their hidden states,
+    `chunk_tokens` rows at a time at temperature 1."""
     (wq, bq), (wp, bp) = _head(model_q), _head(model_p)
     kl_N = torch.empty(hq_N_H.shape[0], dtype=torch.float64, device=hq_N_H.device)
     for s in range(0, hq_N_H.shape[0], chunk_tokens):
@@ -236,7 +285,7 @@ def exact_kl_between(
         logq = torch.log_softmax(_logits(hq_N_H[s:e], wq, bq, 1.0), -1)
         logp = torch.log_softmax(_logits(hp_N_H[s:e], wp, bp, 1.0), -1)
         kl_N[s:e] = _kl(logq, logp)
-    return _scatter(kl_N, mask_B_T)
+    return kl_N
 
 
 def token_logprobs(

@@ -2,9 +2,10 @@
 
 A checkpoint is a directory step_NNNNNN under the run's checkpoint root
 (`reliability.checkpoint_dir`, default run/checkpoints). The learner's weights, AdamW state
-and RNG are written with torch.distributed.checkpoint (DCP): every learner rank writes only
-its own shards, in parallel, and a load reshards them onto any number of ranks, so a run
-checkpointed with N workers resumes with M. learner.json holds the learner's counters and
+and random state (the CPU generator's and, on a GPU, the CUDA generators', so a resumed
+GPU run samples as the uninterrupted one) are written with torch.distributed.checkpoint
+(DCP): every learner rank writes only its own shards, in parallel, and a load reshards
+them onto any number of ranks, so a run checkpointed with N workers resumes with M. learner.json holds the learner's counters and
 state.json the driver's (step, staleness policy state, counters). Everything is written
 into a temporary directory that the driver renames into place, then `latest` is replaced
 atomically: a crash mid-write leaves the previous checkpoint usable. Data cursors need no
@@ -77,18 +78,18 @@ def load_latest(root: Path) -> Checkpoint | None:
 def save_learner(model: Any, optimizer: Any, out_dir: Path) -> None:
     """The learner's weights, AdamW state and RNG as DCP shards in `out_dir`; every rank of a
     data-parallel learner calls it (each writes its own shards, rank 0 the metadata)."""
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state, "rng": torch.get_rng_state()}
+    state = {"model": model_state, "optim": optim_state, **rng_state(_device(model))}
     with single_process_quiet():
         dcp.save(state, checkpoint_id=str(out_dir), no_dist=not _distributed())
 
 
-def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
-    """Restore what save_learner wrote, resharded onto this learner's ranks (any number)."""
+def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> str:
+    """Restore what save_learner wrote, resharded onto this learner's ranks (any number);
+    returns what happened to the CUDA random state (cuda_rng_action)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -106,13 +107,64 @@ def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> None:
             )
         )
     model_state, optim_state = get_state_dict(model, optimizer)  # fresh AdamW: zero moments
+    device = _device(model)
     state = {"model": model_state, "optim": optim_state, "rng": torch.get_rng_state()}
+    saved = dcp.FileSystemReader(str(ckpt_dir)).read_metadata().state_dict_metadata
+    action = cuda_rng_action(CUDA_RNG in saved, device.type)
+    if action == "restore":  # else the CUDA rows are not read
+        state[CUDA_RNG] = torch.empty(tuple(saved[CUDA_RNG].size), dtype=torch.uint8)
     with single_process_quiet():
         dcp.load(state, checkpoint_id=str(ckpt_dir), no_dist=not _distributed())
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
+    restore_rng(state, device)
+    return action
+
+
+CUDA_RNG = "rng_cuda"
+"""A checkpoint's key of the CUDA random state: one row per GPU the learner saw."""
+
+
+def rng_state(device: Any) -> dict[str, Any]:
+    """The random state a checkpoint keeps: the CPU generator's ("rng") and, for a learner
+    on a GPU, every visible GPU's generator (CUDA_RNG, stacked; a Ray actor sees its one)."""
+    import torch
+
+    state = {"rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state[CUDA_RNG] = torch.stack(torch.cuda.get_rng_state_all())
+    return state
+
+
+def cuda_rng_action(saved: bool, device_type: str) -> str:
+    """What a resume does with the CUDA random state, by whether the checkpoint holds one
+    and where the learner now computes: "restore" (held, GPU learner: it continues as the
+    uninterrupted run), "drop" (held, CPU learner: nothing to restore it into), "seeded"
+    (none held, a run saved on a CPU: the GPU keeps the learner's seed), "none" (neither)."""
+    if device_type == "cuda":
+        return "restore" if saved else "seeded"
+    return "drop" if saved else "none"
+
+
+def restore_rng(state: dict[str, Any], device: Any) -> None:
+    """Set the generators from a loaded rng_state: the CPU's, and the CUDA rows where the
+    state has them and the learner is on a GPU (each GPU its own row where as many are
+    visible as were saved, else the learner's GPU the first row)."""
+    import torch
+
     torch.set_rng_state(state["rng"])
+    if cuda_rng_action(CUDA_RNG in state, device.type) == "restore":
+        rows = list(state[CUDA_RNG])
+        if len(rows) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(rows)
+        else:
+            torch.cuda.set_rng_state(rows[0], device)
+
+
+def _device(model: Any) -> Any:
+    """Where the learner's parameters (their local shards) live."""
+    return next(model.parameters()).device
 
 
 @contextlib.contextmanager

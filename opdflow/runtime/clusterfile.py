@@ -55,17 +55,21 @@ class ClusterFile:
     def nodes(self) -> tuple[list[dict[str, float]], list[str]]:
         """Every node the cluster can have, in the order a scheduler fills them (head,
         always-running workers, then the ones the autoscaler adds), with their labels."""
-        out: list[tuple[dict[str, float], str]] = []
+        out = self.typed_nodes()
+        return [dict(t.resources) for t, _ in out], [label for _, label in out]
+
+    def typed_nodes(self) -> list[tuple[NodeType, str]]:
+        """`nodes()` as (node type, label) pairs, in the same order."""
+        out: list[tuple[NodeType, str]] = []
         for t in self.types:
             if t.head:
-                out.append((dict(t.resources), f"{t.name} (head)"))
+                out.append((t, f"{t.name} (head)"))
         for first in (True, False):
             for t in (t for t in self.types if not t.head):
                 lo, hi = (0, t.min_workers) if first else (t.min_workers, t.max_workers)
                 for i in range(lo, min(hi, self.max_workers)):
-                    label = f"{t.name}[{i}]" + (f" ({t.what})" if t.what else "")
-                    out.append((dict(t.resources), label))
-        return [n for n, _ in out], [label for _, label in out]
+                    out.append((t, f"{t.name}[{i}]" + (f" ({t.what})" if t.what else "")))
+        return out
 
 
 def _number(text: Any, where: str) -> float:

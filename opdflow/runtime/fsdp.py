@@ -77,7 +77,6 @@ def build_sharded(
     """The student in FP32 shards over `world` ranks (the process group must exist), each
     rank loading only its own rows from the safetensors files; in train mode."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)
@@ -85,19 +84,27 @@ def build_sharded(
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if activation_checkpointing:
         enable_activation_checkpointing(model)
-    mesh = init_device_mesh(device.type, (world,))
+    shard(model, init_device_mesh(device.type, (world,)), compute_dtype)
+    model.to_empty(device=device)
+    _rebuild_buffers(model, device)
+    load_shards(model, model_path)
+    return model.train()
+
+
+def shard(model: torch.nn.Module, mesh: object, compute_dtype: torch.dtype) -> None:
+    """FSDP2 over `mesh`, as the learner shards its student (the memory plan traces this
+    same wrapping): each decoder layer, then the root (embeddings, final norm, head), FP32
+    shards all-gathered in `compute_dtype`, gradients reduced in FP32 and summed over ranks."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)  # embeddings, final norm, head
-    model.to_empty(device=device)
-    _rebuild_buffers(model, device)
-    load_shards(model, model_path)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # sum over ranks ...
             module.set_force_sum_reduction_for_comms(True)  # ... as a plain SUM (gloo has no AVG)
-    return model.train()
 
 
 def _rebuild_buffers(model: torch.nn.Module, device: torch.device) -> None:

@@ -36,7 +36,7 @@ from opdflow.config import TrainConfig
 from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
+from opdflow.runtime.device import PeakMemory, stage_device, tensor_bytes, to_host
 from opdflow.runtime.fsdp import DistSpec
 from opdflow.weights.cast import BF16Cast, bf16_entries, write_bf16
 from opdflow.weights.memory import WeightMemory
@@ -136,7 +136,7 @@ class Learner:
                 "batch has none: the prompts have no reference answers (an `answer` column)"
             )
         t0 = time.perf_counter()
-        reset_peak_memory(self.device)
+        memory = PeakMemory(self.device, self.held_bytes())
         self.opt.zero_grad(set_to_none=True)
         acc = self.accumulate_gradients(batch)
         logp_B_T, mask = acc.logp_B_T, batch.response_mask_B_T
@@ -185,7 +185,7 @@ class Learner:
             if batch.gen_seconds
             else float("nan"),
             "micro_batches": acc.micro_batches,
-            "learner_peak_mem_gb": self._max_over_ranks(peak_memory_gb(self.device)),
+            "learner_peak_mem_gb": self._max_over_ranks(memory.gb()),
             "weights_bytes": self.weights_bytes,
             "cast_wait_s": self._take_cast_wait(),
         }
@@ -293,6 +293,13 @@ class Learner:
         self.cast.settle()  # the previous version's cast may still be reading the weights
         self.opt.step()
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def held_bytes(self) -> int:
+        """Bytes of the tensors this rank holds between steps: its parameters (shards),
+        their gradients and the optimizer's state."""
+        params = list(self.model.parameters())
+        state = (t for s in self.opt.state.values() for t in s.values() if torch.is_tensor(t))
+        return tensor_bytes([*params, *(p.grad for p in params), *state])
 
     def _max_over_ranks(self, value: float) -> float:
         if self.world == 1:

@@ -198,7 +198,7 @@ available_node_types:
     min_workers: 1
     max_workers: 1
     resources: {CPU: 96, GPU: 8, learner: 1}
-    node_config: {InstanceType: p4d.24xlarge}
+    node_config: {InstanceType: p4de.24xlarge}  # A100 80GB: the memory plan fits the 7B there
   rollout:
     min_workers: 1
     max_workers: 8

@@ -1,7 +1,7 @@
 """bench/gpu_check.py runs its whole GPU code path small on a CPU, with Ray and vLLM not
 importable (as on a GPU machine that has only torch and transformers): every stage runs
-through the pipeline's own plain classes, and the micro-batched gradient equals the
-full-batch one."""
+through the pipeline's own plain classes, each beside its memory plan, and the micro-batched
+gradient equals the full-batch one."""
 
 import json
 import subprocess
@@ -27,4 +27,6 @@ def test_gpu_check_runs_tiny_on_cpu_without_ray(tmp_path):
     result = json.loads(out.read_text())
     assert [s["stage"] for s in result["stages"]] == ["sampling", "rescore", "teacher", "learner"]
     assert all(s["tokens_per_s"] > 0 and s["peak_mem_gb"] > 0 for s in result["stages"])
+    assert all(s["plan_gb"] > 0 for s in result["stages"])  # the memory plan beside each
+    assert "peak/plan" in done.stdout
     assert result["learner"]["micro_batches"] > 1 and result["gradient"]["equal"]
