@@ -26,7 +26,7 @@ from opdflow.runtime.supervisor import StageFailed
 from opdflow.stages import actor_options
 from opdflow.testbed.data import PromptSampler, PromptSet
 from opdflow.weights.store import WeightStore
-from opdflow.weights.transport import ObjectStore, Transport
+from opdflow.weights.transport import ObjectStore, Transport, for_pipeline
 
 
 def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
@@ -41,17 +41,8 @@ def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any
         if (where := placement.scheduling("learner")) is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
-    args = (student, cfg.train, cfg.seed, res, weights_transport(cfg), peers)
+    args = (student, cfg.train, cfg.seed, res, for_pipeline(cfg), peers)
     return _actor(learner_class(), res, 0, *args, scheduling=placement.scheduling("learner"))
-
-
-def weights_transport(cfg: PipelineConfig) -> Transport:
-    """The transport weights.* parses into for this run's resources ("auto" resolved)."""
-    from opdflow.weights.transport import parse
-
-    r = cfg.resources
-    consumers = (r.generator.num_gpus, r.rescorer.num_gpus, r.evaluator.num_gpus)
-    return parse(cfg.weights, r.learner.num_gpus, consumers)
 
 
 def _actor(
@@ -84,7 +75,7 @@ class Stages:
     store: WeightStore = field(default_factory=WeightStore)
     evals: dict[int, Any] = field(default_factory=dict)
     transport: Transport = field(default_factory=ObjectStore)
-    """What weights.* parsed into (weights_transport)."""
+    """What weights.* parsed into (weights.transport.for_pipeline)."""
     learner_held: dict[str, Any] | None = None
     """collective: what the learner held after the last release (LearnerActor.held) and
     the versions it was told were still needed then ("needed")."""
@@ -177,7 +168,7 @@ class Stages:
             sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg.staleness),
-            transport=weights_transport(cfg),
+            transport=for_pipeline(cfg),
         )
         st.await_started(cfg.reliability.startup_timeout_s)
         return st

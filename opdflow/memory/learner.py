@@ -99,18 +99,10 @@ def learner_phases(
     return cached(cfg, key, lambda: trace.learner_step(shape, setting), log)
 
 
-def transport(cfg: PipelineConfig) -> str:
-    """The weights transport `auto` resolves to: collective when the learner and every
-    consumer (generator, rescorer, evaluator) has a GPU."""
-    if cfg.weights.transport != "auto":
-        return cfg.weights.transport
-    r = cfg.resources
-    gpus = [r.learner, r.generator, r.rescorer, r.evaluator]
-    return "collective" if all(s.num_gpus > 0 for s in gpus) else "object_store"
-
-
 def buckets(cfg: PipelineConfig, who: str) -> Part | None:
-    if transport(cfg) != "collective":
+    from opdflow.weights.transport import for_pipeline
+
+    if not for_pipeline(cfg).needs_receiver:  # the object store: staged in host memory
         return None
     mb = cfg.weights.bucket_mb
     return Part(
@@ -167,6 +159,10 @@ def learner_plan(
         parts.append(Part("optimizer step", at["activations"], "AdamW's temporaries", ranks))
     publish = buckets(cfg, "host-staged version sent from here") if gpu else None
     parts.append(publish or Part("weight publishing", 0.0, "object_store: staged in host memory"))
+    if gpu:  # weights/cast.py: full tensors gathered one at a time on a side stream
+        largest = max(shape.vocab, shape.intermediate) * shape.hidden * 2
+        parts.append(Part("publish cast", 2 * largest, "BF16 cast beside the next step: the "
+                          "largest tensor gathered whole, two in flight"))  # fmt: skip
     if gpu:
         parts.append(Part("CUDA context, NCCL", engine.CONTEXT_BYTES, "assumed"))
     other_phase = "optimizer step" if phase == "micro-batch" else "micro-batch"

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from opdflow.weights.version import PackedWeights, WeightsHandle, WeightsRef, views
 
 if TYPE_CHECKING:
-    from opdflow.config import WeightsConfig
+    from opdflow.config import PipelineConfig, WeightsConfig
     from opdflow.weights.fetcher import Fetcher
     from opdflow.weights.publisher import Publisher
     from opdflow.weights.store import WeightStore
@@ -167,6 +167,14 @@ def parse(
     if name == "collective":
         return Collective(bucket_bytes=int(weights.bucket_mb) * 2**20, timeout_s=weights.timeout_s)
     raise ValueError(f"weights.transport = {name!r}: expected auto or one of {NAMES}")
+
+
+def for_pipeline(cfg: PipelineConfig) -> Transport:
+    """The transport a pipeline's weights.* parses into for its resources ("auto" resolved
+    by whether the learner and every consumer (generator, rescorer, evaluator) has a GPU)."""
+    r = cfg.resources
+    consumers = (r.generator.num_gpus, r.rescorer.num_gpus, r.evaluator.num_gpus)
+    return parse(cfg.weights, r.learner.num_gpus, consumers)
 
 
 def put_version(packed: PackedWeights) -> WeightsRef:

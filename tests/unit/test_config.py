@@ -133,8 +133,8 @@ def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
 
 
 def test_weights_transport_resolves_by_devices_and_refuses_nccl_to_a_cpu_consumer():
-    from opdflow.driver.assembly import weights_transport
     from opdflow.weights.transport import Collective, ObjectStore
+    from opdflow.weights.transport import for_pipeline as weights_transport
 
     gpus = [f"resources.{s}.num_gpus=1" for s in ("learner", "generator", "rescorer", "evaluator")]
     assert weights_transport(PipelineConfig()) == ObjectStore()  # auto on CPUs
