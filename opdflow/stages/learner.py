@@ -37,6 +37,7 @@ from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
 from opdflow.runtime.cast import BF16Cast, bf16_entries, write_bf16
+from opdflow.runtime.checkpoint import LearnerSaves
 from opdflow.runtime.device import peak_memory_gb, reset_peak_memory, stage_device, to_host
 from opdflow.runtime.fsdp import DistSpec
 from opdflow.runtime.weights import PackedWeights, allocate
@@ -112,6 +113,8 @@ class Learner:
         self.cast = BF16Cast(background=not self.sharded and self.device.type == "cpu")
         """Publishing's FP32 -> BF16 cast: beside the next step on an unsharded CPU learner
         (the step settles it before its optimizer writes the weights), else in the caller."""
+        self.saves = LearnerSaves()
+        """This rank's checkpoint saves (one at a time, in the background or not)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -327,13 +330,20 @@ class Learner:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def save_checkpoint(self, out_dir: str) -> None:
-        """Every rank writes its shards (torch.distributed.checkpoint); rank 0 the counters."""
-        from opdflow.runtime.checkpoint import save_learner
-
-        save_learner(self.model, self.opt, Path(out_dir))
+    def save_checkpoint(self, out_dir: str, background: bool = False) -> None:
+        """Every rank writes its shards (torch.distributed.checkpoint); rank 0 the counters.
+        background: return once the state is copied into host memory, the files written in
+        a thread (`checkpoint_written` says when); one save at a time."""
+        self.saves.wait()
         if self.rank == 0:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
             (Path(out_dir) / "learner.json").write_text(json.dumps(self._meta()))
+        self.saves.start(self.model, self.opt, Path(out_dir), background)
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last save is completely written (rank 0: by every rank, metadata
+        included); wait: until it is. A failed save raises here."""
+        return self.saves.wait() if wait else self.saves.done()
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
         """Every rank reads its shards, from a checkpoint of any number of workers."""
