@@ -29,21 +29,27 @@ from opdflow.stages import actor_options
 from opdflow.testbed.data import PromptSampler, PromptSet
 
 
-def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
-    """The learner actor: rank 0 of resources.learner.workers ranks; it starts the other
-    N - 1 with these options (each placed where the placement puts a learner)."""
+def learner_slots(cfg: PipelineConfig, placement: Placement) -> list[Any]:
+    """Where each learner rank goes: its placement-group bundle, or None (anywhere)."""
+    return [placement.scheduling("learner") for _ in range(cfg.resources.learner.workers)]
+
+
+def make_learner(cfg: PipelineConfig, student: str, slots: list[Any], timeline: int = 0) -> Any:
+    """The learner actor: rank 0 of len(slots) ranks, each placed by its slot (a scheduling
+    strategy or None); rank 0 starts the others. `timeline`: the group's number in the run
+    (0; one more each time the learner heals)."""
     from opdflow.stages.learner_actor import learner_class
 
-    res = cfg.resources.learner
+    res = dataclasses.replace(cfg.resources.learner, workers=len(slots))
     peers = []
-    for _ in range(res.workers - 1):
+    for where in slots[1:]:
         opts = actor_options(res)
-        if (where := placement.scheduling("learner")) is not None:
+        if where is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
     weights = dataclasses.replace(cfg.weights, transport=weights_transport(cfg))
     args = (student, cfg.train, cfg.seed, res, weights, peers)
-    return _actor(learner_class(), res, 0, *args, scheduling=placement.scheduling("learner"))
+    return _actor(learner_class(), res, 0, *args, timeline=timeline, scheduling=slots[0])
 
 
 def weights_transport(cfg: PipelineConfig) -> str:
@@ -86,6 +92,8 @@ class Stages:
     evals: dict[int, Any] = field(default_factory=dict)
     transport: str = "object_store"
     """What weights.transport resolved to (weights_transport)."""
+    learner_slots: list[Any] = field(default_factory=list)
+    """Where the learner's ranks were placed (learner_slots): a healed group reuses them."""
     learner_held: dict[str, Any] | None = None
     """collective: what the learner held after the last release (LearnerActor.held) and
     the versions it was told were still needed then ("needed")."""
@@ -124,6 +132,7 @@ class Stages:
         workers = [make_worker() for _ in range(e.replicas)]
         chunk, budget = cfg.train.logit_chunk_tokens, cfg.train.micro_batch_tokens
         exact = len(tok) <= e.exact_kl_max_vocab
+        slots = learner_slots(cfg, placement)
         st = cls(
             cfg=cfg,
             pool=GeneratorPool(
@@ -150,8 +159,8 @@ class Stages:
                 budget,
                 scheduling=placement.scheduling("teacher"),
             ),
-            # the learner holds the run's state: never restarted (resume from a checkpoint)
-            learner=make_learner(cfg, paths.student, placement),
+            # the learner holds the run's state: not restarted by Ray, it heals (healing.py)
+            learner=make_learner(cfg, paths.student, slots),
             evaluator=_actor(
                 EvaluatorActor,
                 r.evaluator,
@@ -179,6 +188,7 @@ class Stages:
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg.staleness),
             transport=weights_transport(cfg),
+            learner_slots=slots,
         )
         st.await_started(cfg.reliability.startup_timeout_s)
         return st
