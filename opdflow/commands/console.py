@@ -221,7 +221,8 @@ def restarts_line(s: dict) -> str:
 
 def learner_losses_line(s: dict) -> str:
     """'rank 1 (node 10.0.0.2) lost at step 15, rewound to 10: 5 steps replayed, recovered in
-    12.3 s, cost 310 updates/hour' per loss the learner healed from; 'none'; or n/a."""
+    12.3 s, cost 310 updates/hour (8%)' per loss the learner healed from (the share: of the
+    run's wall time); 'none'; or n/a."""
     losses = s.get("learner_losses")
     if losses is None:
         return "n/a (a run summary from before the learner healed)"
@@ -231,6 +232,7 @@ def learner_losses_line(s: dict) -> str:
             f"(node {', '.join(n['node'] for n in x['nodes'])}) lost at step {x['from_step']}, "
             f"rewound to {x['to_step']}: {x['replayed_steps']} steps replayed, recovered in "
             f"{x['recover_s']:.1f} s, cost {fmt(x['updates_per_hour_lost'], '.0f')} updates/hour"
+            + (f" ({x['lost_share']:.0%})" if math.isfinite(x.get("lost_share", math.nan)) else "")
             for x in losses
         )
         or "none"

@@ -54,6 +54,7 @@ class Healer:
         """`clock`: the run's StepClock (its `elapsed`); `first`: the step the run started at."""
         self.cfg, self.run, self.st, self.wiring, self.clock = cfg, run, st, wiring, clock
         self.group = LearnerGroup.of(st.learner)
+        run.event("learner_group", timeline=0, ranks=self.group.where)
         self.first = self.done = first
         """done: steps the current group has trained (a loss after a step's training, in its
         publish or checkpoint, has cost that step too)."""
@@ -116,6 +117,7 @@ class Healer:
             pgs.remove(old.placement_group)
         old.release()
         self.group, self.st.learner = new, new.leader
+        run.event("learner_group", timeline=new.timeline, ranks=new.where)
         to = self.done = self._rewind(new, ckpt, pending, gate, rows)
         wasted = t0 - self._time_of(to)
         record = {
@@ -206,18 +208,20 @@ def _cancel(refs: Any) -> None:
 def learner_losses(
     events: list[dict[str, Any]], updates_per_hour: float, timed_steps: int
 ) -> list[dict[str, Any]]:
-    """Each learner recovery of a run (its `learner_recovered` events) with the updates/hour
-    it cost: the run's rate had the seconds it lost (work thrown away + recovery) not been
-    spent, minus the rate it had. `timed_steps`: the steps updates/hour counts."""
+    """Each learner recovery of a run (its `learner_recovered` events) with what it cost:
+    `lost_s` (work thrown away + recovery), its share of the run's timed wall time, and
+    `updates_per_hour_lost`: the run's rate had those seconds not been spent, minus the rate
+    it had. `timed_steps`: the steps updates/hour counts."""
+    wall = 3600 * timed_steps / updates_per_hour if updates_per_hour > 0 else float("nan")
+    keep = ("from_step", "to_step", "replayed_steps", "recover_s", "group_s", "load_s",
+            "wasted_s", "ranks", "nodes", "workers_before", "workers_after")  # fmt: skip
     out = []
     for e in events:
         if e.get("event") != "learner_recovered":
             continue
         lost_s = e["wasted_s"] + e["recover_s"]
-        wall = 3600 * timed_steps / updates_per_hour if updates_per_hour > 0 else float("nan")
         without = 3600 * timed_steps / (wall - lost_s) if wall > lost_s else float("nan")
-        keep = ("from_step", "to_step", "replayed_steps", "recover_s", "wasted_s", "ranks",
-                "nodes", "workers_before", "workers_after")  # fmt: skip
-        out.append({**{k: e[k] for k in keep}, "lost_s": lost_s,
+        out.append({**{k: e.get(k) for k in keep}, "lost_s": lost_s,
+                    "lost_share": lost_s / wall if wall > 0 else float("nan"),
                     "updates_per_hour_lost": without - updates_per_hour})  # fmt: skip
     return out

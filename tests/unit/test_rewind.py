@@ -62,7 +62,7 @@ def _recovered(**kw):
 def test_a_loss_costs_the_updates_per_hour_its_seconds_would_have_bought():
     # 36 timed steps at 360 updates/hour: 360 s of wall; 30 s lost -> 36 in 330 s
     (loss,) = learner_losses([{"event": "checkpoint"}, _recovered()], 360.0, 36)
-    assert loss["lost_s"] == 30.0
+    assert loss["lost_s"] == 30.0 and loss["lost_share"] == pytest.approx(30 / 360)
     assert loss["updates_per_hour_lost"] == pytest.approx(3600 * 36 / 330 - 360)
     assert (loss["from_step"], loss["to_step"], loss["replayed_steps"]) == (15, 10, 5)
     assert math.isnan(learner_losses([_recovered()], 0.0, 36)[0]["updates_per_hour_lost"])
@@ -72,7 +72,7 @@ def test_the_summary_line_names_each_loss():
     s = {"learner_losses": learner_losses([_recovered()], 360.0, 36)}
     assert learner_losses_line(s) == (
         "rank 1 (node 198.18.0.12) lost at step 15, rewound to 10: 5 steps replayed, "
-        "recovered in 20.0 s, cost 33 updates/hour"
+        "recovered in 20.0 s, cost 33 updates/hour (8%)"
     )
     assert learner_losses_line({"learner_losses": []}) == "none"
     assert learner_losses_line({}).startswith("n/a")
