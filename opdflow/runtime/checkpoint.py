@@ -116,6 +116,8 @@ class LearnerSaves:
         """Save (after the previous save is written); background: return once staged."""
         self.wait()
         group = self._group() if background else None
+        if background and not _distributed():  # DCP warns from the save's thread, later
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         self.saving = save_learner(model, optimizer, out_dir, background, group)
 
     def done(self) -> bool:
