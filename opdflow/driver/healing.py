@@ -93,7 +93,7 @@ class Healer:
         ranks = lost.ranks if lost is not None and lost.ranks else old.lost_ranks()
         if not ranks:
             raise error
-        t0, cause = self.clock.elapsed(), lost.cause if lost else str(error).splitlines()[0]
+        t0, cause = self.clock.elapsed(), (lost or LearnerLost.of(error)).cause
         step, nodes = max(step, self.done), old.nodes(ranks)
         run.event("learner_lost", step=step, ranks=ranks, nodes=nodes, cause=cause,
                   workers=len(old.ranks), timeline=old.timeline)  # fmt: skip

@@ -34,12 +34,16 @@ class StopRequested(Exception):
     """SIGINT/SIGTERM arrived: the run checkpointed at a step boundary and stopped."""
 
 
-class LearnerLost(Exception):
-    """A learner rank died (its process or its node): the learner heals (driver/healing.py)."""
+class LearnerLost(StageFailed):
+    """A learner rank died (its process or its node): the training loop heals the learner
+    (driver/healing.py); met anywhere else, the run stops with it."""
 
     def __init__(self, cause: str, ranks: list[int] | None = None):
+        super().__init__(
+            "learner", f"rank(s) {ranks if ranks is not None else '?'} lost ({cause})",
+            "resume the run from its last checkpoint with --resume RUN_DIR",
+        )  # fmt: skip
         self.cause, self.ranks = cause, ranks
-        super().__init__(f"learner rank(s) {ranks if ranks is not None else '?'} lost: {cause}")
 
     @classmethod
     def of(cls, error: Any, ranks: list[int] | None = None) -> LearnerLost:

@@ -143,7 +143,8 @@ def test_a_learner_ranks_node_lost_heals_onto_the_other_node(cluster, uninterrup
     assert all(r["staleness"] == 0 for r in metrics)
     assert [s for s, _ in summary["trained_steps_record"]] == list(range(STEPS))
     assert summary["learner_losses"][0]["to_step"] == 10
-    print(f"rank {rank}'s node lost:", json.dumps(summary["learner_losses"]))  # for -s
     full, full_summary = uninterrupted  # k = 0: the replay on one rank trains what was lost
+    print(f"rank {rank}'s node lost: {summary['updates_per_hour']:.0f} updates/hour (not lost: "
+          f"{full_summary['updates_per_hour']:.0f})", json.dumps(summary["learner_losses"]))  # fmt: skip
     assert_replayed(full, metrics)
     assert summary["heldout_kl_end"] == pytest.approx(full_summary["heldout_kl_end"], rel=1e-3)
