@@ -39,6 +39,7 @@ from opdflow.core.staleness import StepObservation
 from opdflow.driver.assembly import Stages
 from opdflow.driver.wiring import RunInputs, RunWiring
 from opdflow.runtime.checkpoint import Checkpoint
+from opdflow.runtime.nodes import node_losses
 from opdflow.runtime.restarts import RestartLog, restart_slowdown
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import (
@@ -146,6 +147,7 @@ def run_pipeline(
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
         first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
+        watch = wiring.watch_nodes(st.actors, pending)  # node losses: events, what it waits for
         gate = Launches(policy, steps, first, resume.state["dropped"] if resume else 0)
 
         def launch(step: int, v: int, attempt: int = 0) -> None:
@@ -198,6 +200,7 @@ def run_pipeline(
 
         with stop_on_signals() as stop:
             for step in range(first, steps):
+                watch.step = step
                 while True:  # trainer wait: until this step's batch is scored and within the bound
                     job = pending.pop(step)
                     wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout)
@@ -324,5 +327,6 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
         "dropped_batches": dropped,
         "restarts": run.restart_counts(),
         "restart_slowdown": restart_slowdown(m, run.config().get("warmup_steps", 0)),
+        "node_losses": node_losses(run.events(), m),
         "trained_steps_record": record,
     }
