@@ -49,6 +49,14 @@ GCS_PORT, DASHBOARD_PORT = 6379, 8265
 """Ray's default ports: each node has its own network namespace, so no two clash."""
 PRIVATE_DIRS = ("/tmp",)
 """Paths each node gets as a private tmpfs (Ray's temp dir /tmp/ray lives there)."""
+SPANNING = (
+    "resources.learner.workers=2",
+    'resources.learner.resources={"learner": 1}',
+    'resources.generator.resources={"rollout": 1}',
+)
+"""`--set` values that spread a run over `layout()`: a learner rank on each of nodes 1 and
+2, the generators on node 3 and after; rescorer, teacher, evaluator (no CPU, no custom
+resource) land beside the driver, on the head."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,14 @@ class HealthCheck:
     def window_s(self) -> float:
         """Seconds of silence after which Ray declares a node dead, at most."""
         return (self.failure_threshold * self.period_ms + self.timeout_ms) / 1000
+
+
+def layout(n: int = 3, cpus: float = 2.0) -> list[NodeSpec]:
+    """N nodes: the head and node 2 advertise {"learner": 1}, nodes 3.. {"rollout": 1}."""
+    return [
+        NodeSpec("head" if i == 0 else f"node{i + 1}", cpus, {"learner" if i < 2 else "rollout": 1})
+        for i in range(n)
+    ]
 
 
 @dataclass

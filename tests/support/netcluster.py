@@ -16,23 +16,22 @@ from typing import Any
 
 import pytest
 
-from opdflow.testbed.netcluster import HealthCheck, NetCluster, NodeSpec, cleanup_stale
+from opdflow.testbed.netcluster import (
+    SPANNING,
+    HealthCheck,
+    NetCluster,
+    NodeSpec,
+    cleanup_stale,
+    layout,
+)
 
 __all__ = ["HealthCheck", "NetCluster", "NodeSpec"]  # re-exported for the tests
 
-THREE_NODES = [
-    NodeSpec("head", 2, {"learner": 1}),
-    NodeSpec("learner-b", 2, {"learner": 1}),
-    NodeSpec("rollout", 2, {"rollout": 1}),
-]
+THREE_NODES = layout(3)
 """The default layout: learner ranks on nodes 1 and 2 (one each), generators on node 3;
 rescorer, teacher, evaluator (no CPU, no custom resource) and the job's driver on the head."""
 
-ACROSS_NODES = [
-    "--set", "resources.learner.workers=2",
-    "--set", 'resources.learner.resources={"learner": 1}',
-    "--set", 'resources.generator.resources={"rollout": 1}',
-]  # fmt: skip
+ACROSS_NODES = [x for kv in SPANNING for x in ("--set", kv)]
 """Arguments that place a run on THREE_NODES: 2 learner ranks on nodes 1 and 2 (one each),
 generators on node 3."""
 
