@@ -310,11 +310,13 @@ class NetCluster:
         return proc.stdout
 
     def restart(self, timeout_s: float = 180.0) -> None:
-        """Every node killed, then the head and every worker started again (a cluster whose
-        head was lost: its workers cannot rejoin a new GCS)."""
-        for node in reversed(self.nodes):
+        """The cluster started again after its head was lost: the head and every worker that
+        was still up killed and started again (a worker cannot rejoin a new GCS); nodes
+        already down stay down."""
+        up = [n for n in self.nodes if n.head or n.ns.pids()]
+        for node in reversed(up):
             self.kill_node(node)
-        for node in self.nodes:
+        for node in up:
             self.start_node(node, timeout_s)
 
     def stop(self) -> None:
