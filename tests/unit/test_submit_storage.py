@@ -133,3 +133,21 @@ def test_node_losses_record_recovery_and_cost():
     assert loss["updates_per_hour_lost"] == pytest.approx(3600 - 3600 * 20 / 28)
     never = node_losses(events[:1], metrics)[0]
     assert never["seconds_to_recover"] is None and math.isfinite(never["seconds_lost"])
+
+
+def test_bind_sockets_sets_the_backend_variable_unless_the_user_did(monkeypatch):
+    from opdflow.runtime.interfaces import bind_sockets
+
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")
+    assert bind_sockets("nccl", "127.0.0.1") == {"NCCL_SOCKET_IFNAME": "=lo"}
+    assert bind_sockets("gloo", "127.0.0.1") == {"GLOO_SOCKET_IFNAME": "mine"}  # the user's
+
+
+def test_namespaces_say_why_not_without_root(monkeypatch):
+    import os
+
+    from opdflow.testbed import netns
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in netns.unavailable()
