@@ -194,6 +194,9 @@ class NetCluster:
             RAY_AUTH_MODE="token",
             RAY_AUTH_TOKEN_PATH=str(self.token_path),
             RAY_USAGE_STATS_ENABLED="0",
+            # every node's memory monitor sees the whole machine's memory, so each would
+            # kill its own workers for what the other nodes use: the kernel's OOM killer only
+            RAY_memory_monitor_refresh_ms="0",
             **self.health.env(),
             **self.extra_env,
         )
