@@ -21,19 +21,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's opdflow
-from opdflow.testbed.netcluster import STATE_ROOT, NetCluster, NodeSpec
+from opdflow.testbed.netcluster import STATE_ROOT, NetCluster, NodeSpec, layout
 from opdflow.testbed.netns import unavailable
 
 
-def layout(n: int, cpus: float, resources: list[str]) -> list[NodeSpec]:
-    """N nodes: the given resources per node, else learner on nodes 1-2, rollout after."""
-    if resources and len(resources) != n:
+def specs(n: int, cpus: float, resources: list[str]) -> list[NodeSpec]:
+    """N nodes: the given resources per node, else netcluster.layout's."""
+    if not resources:
+        return layout(n, cpus)
+    if len(resources) != n:
         sys.exit(f"--resources given {len(resources)} times for {n} nodes: give it once per node")
-    specs = []
-    for i in range(n):
-        res = json.loads(resources[i]) if resources else {"learner" if i < 2 else "rollout": 1}
-        specs.append(NodeSpec("head" if i == 0 else f"node{i + 1}", cpus, res))
-    return specs
+    return [NodeSpec("head" if i == 0 else f"node{i + 1}", cpus, json.loads(r))
+            for i, r in enumerate(resources)]  # fmt: skip
 
 
 def find_base(given: str | None) -> Path:
@@ -66,7 +65,7 @@ def main() -> None:
         if (why := unavailable()) is not None:
             sys.exit(f"cannot start a namespaced cluster here: {why}")
         c = NetCluster(Path(args.base) if args.base else None, owned=False)
-        c.start(layout(args.n, args.cpus, args.resources))
+        c.start(specs(args.n, args.cpus, args.resources))
         for node in c.nodes:
             print(f"node {node.index} {node.ip} {node.ns.name} {node.spec.resources}")
         print(f"dashboard (Jobs API): {c.dashboard}\nshared storage: {c.shared}")

@@ -9,6 +9,7 @@ is wired by the session and wiring.py and handed in; nothing here connects or pl
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,26 +211,57 @@ class Stages:
         return self.actors("generator/{}")
 
     def await_started(self, timeout_s: float) -> None:
-        """Wait until every actor runs; actors Ray cannot place become an error, not a hang."""
+        """Wait until every actor runs. An actor that fails to start stops the run at once
+        with its own error (first line); one not running after `timeout_s` with where it
+        is: still starting on a node, or not placed (what it asks, what the cluster has)."""
+        from opdflow.runtime.startup import first_line, node_in, where_started
+
         named = self.actors()
-        refs = {name: actor.pid.remote() for name, actor in named.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        missing = [name for name, ref in refs.items() if ref not in ready]
-        if missing:
-            self.shutdown()
-            r = self.cfg.resources
-            asked = {n: getattr(r, n.split("[")[0]) for n in missing}
-            raise StageFailed(
-                "startup",
-                f"{', '.join(missing)} not running after {timeout_s:.0f} s; they request "
+        refs = {actor.pid.remote(): name for name, actor in named.items()}
+        deadline = time.monotonic() + timeout_s
+        while refs and (left := deadline - time.monotonic()) > 0:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=left)
+            for ref in ready:
+                name = refs.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayError as exc:
+                    self.shutdown()
+                    node = node_in(exc)
+                    raise StageFailed(
+                        name.split("[")[0],
+                        f"{name} did not start{f' on node {node}' if node else ''}: "
+                        + first_line(exc),
+                    ) from None
+        if not refs:
+            return
+        missing = list(refs.values())
+        where = {n: where_started(named[n]) for n in missing}
+        self.shutdown()
+        r = self.cfg.resources
+        unplaced = {n: getattr(r, n.split("[")[0]) for n in missing if where[n] is None}
+        starting = [f"{n} (on node {where[n]})" for n in missing if where[n] is not None]
+        parts = []
+        if unplaced:
+            parts.append(
+                f"{', '.join(unplaced)} not running after {timeout_s:.0f} s; they request "
                 + "; ".join(
                     f"{n}: {a.num_cpus} CPU, {a.num_gpus} GPU, {a.resources or 'no custom'}"
                     + (f" for each of {a.workers} workers" if getattr(a, "workers", 1) > 1 else "")
-                    for n, a in asked.items()
+                    for n, a in unplaced.items()
                 )
-                + f"; the cluster has {ray.cluster_resources()}",
-                "lower resources.* / engine.replicas or add nodes",
+                + f"; the cluster has {ray.cluster_resources()}"
             )
+        if starting:
+            parts.append(
+                f"placed but still starting after {timeout_s:.0f} s: {', '.join(starting)}"
+            )
+        raise StageFailed(
+            "startup",
+            "; ".join(parts),
+            "lower resources.* / engine.replicas or add nodes" if unplaced
+            else "raise reliability.startup_timeout_s",
+        )  # fmt: skip
 
     def restore(self, resume: Checkpoint | None, run: RunDir) -> int:
         """Publish the learner's starting version (from a checkpoint if given); returns its step."""

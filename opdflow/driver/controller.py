@@ -41,6 +41,7 @@ from opdflow.driver.assembly import Stages
 from opdflow.driver.healing import Healer, learner_losses
 from opdflow.driver.wiring import RunInputs, RunWiring
 from opdflow.runtime.checkpoint import Checkpoint
+from opdflow.runtime.nodes import node_losses
 from opdflow.runtime.restarts import RestartLog, restart_slowdown
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import (
@@ -163,6 +164,7 @@ def run_pipeline(
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
         first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
+        watch = wiring.watch_nodes(st.actors, pending)  # node losses: events, what it waits for
         gate = Launches(policy, steps, first, resume.state["dropped"] if resume else 0)
 
         def launch(step: int, v: int, attempt: int = 0) -> None:
@@ -217,6 +219,7 @@ def run_pipeline(
         with stop_on_signals() as stop:
             step = first
             while step < steps:
+                watch.step = step
                 try:
                     while True:  # trainer wait: the step's batch scored and within the bound
                         job = pending.pop(step)
@@ -356,5 +359,6 @@ def summarize(run: RunDir, record: list, dropped: int, start_step: int = 0) -> d
         "restarts": run.restart_counts(),
         "restart_slowdown": restart_slowdown(m, run.config().get("warmup_steps", 0)),
         "learner_losses": learner_losses(run.events(), m[-1]["updates_per_hour"], timed),
+        "node_losses": node_losses(run.events(), m),
         "trained_steps_record": record,
     }

@@ -21,6 +21,7 @@ from opdflow.config import PipelineConfig
 from opdflow.errors import ConfigError
 from opdflow.runtime import checkpoint
 from opdflow.runtime.checkpoint import Checkpoint
+from opdflow.runtime.nodes import NodeWatch
 from opdflow.runtime.placement import Placement, grouped_actors
 from opdflow.runtime.profiler import Profiler
 from opdflow.runtime.rundir import RunDir
@@ -137,6 +138,8 @@ class RunWiring:
     """The checkpoint being written, committed once complete (commit_written)."""
     block_s: float = 0.0
     """Seconds checkpoints blocked the learner, not yet reported (take_checkpoint_block)."""
+    watch: NodeWatch | None = None
+    """Ray's node table turned into the run's events (watch_nodes), until close()."""
 
     @classmethod
     def open(cls, cfg: PipelineConfig, run: RunDir, inputs: RunInputs) -> RunWiring:
@@ -170,6 +173,9 @@ class RunWiring:
             ranks = ray.get(learner.sees.remote(str(probe), token))
         finally:
             probe.unlink(missing_ok=True)
+        self.run.event(
+            "learner_ranks", ranks=[{"rank": r["rank"], "node": r["node"]} for r in ranks]
+        )
         blind = [r for r in ranks if not r["ok"]]
         if blind:
             raise ConfigError(
@@ -180,6 +186,13 @@ class RunWiring:
                 "that the driver's node and every learner node mount at the same path (NFS, "
                 "Lustre, a mounted bucket), or place the learner on the driver's node"
             )
+
+    def watch_nodes(self, actors: Callable[[], dict[str, Any]], pending: dict) -> NodeWatch:
+        """Start recording where the stages run, nodes joining and lost, what a lost node
+        held and what the run waits for (runtime/nodes.py); the controller sets its
+        `step`. Stopped by close()."""
+        self.watch = NodeWatch(self.run, actors, pending, self.cfg.resources).start()
+        return self.watch
 
     def profiler(self, actors: dict[str, Any]) -> Profiler:
         """The run's profiler over `actors` (by the name their spans carry); its clock
@@ -245,7 +258,9 @@ class RunWiring:
         return out
 
     def close(self) -> None:
-        """Close the trackers and remove the placement groups."""
+        """Stop the node watch, close the trackers and remove the placement groups."""
+        if self.watch is not None:
+            self.watch.stop()
         try:
             self.trackers.close()
         finally:

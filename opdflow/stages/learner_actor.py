@@ -84,8 +84,16 @@ class LearnerActor(StageActor):
                     .remote(model_path, train, seed, res, weights, None, r, rendezvous, timeline)
                     for r in range(1, res.workers)
                 ]
-            dist = DistSpec(rank, res.workers, str(rendezvous))
-        self.learner = Learner(model_path, train, seed, dist=dist)
+            dist = DistSpec(rank, res.workers, str(rendezvous), ray.util.get_node_ip_address())
+        if self.peers:  # a rank that fails to start ends rank 0's wait with its own error
+            from opdflow.runtime.startup import build_watching
+
+            starts = {f"learner rank {r}": p.pid.remote() for r, p in enumerate(self.peers, 1)}
+            self.learner = build_watching(
+                lambda: Learner(model_path, train, seed, dist=dist), starts
+            )
+        else:
+            self.learner = Learner(model_path, train, seed, dist=dist)
         self.publisher = None
         if rank == 0:
             from opdflow.runtime.publisher import Publisher

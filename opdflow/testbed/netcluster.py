@@ -49,6 +49,14 @@ GCS_PORT, DASHBOARD_PORT = 6379, 8265
 """Ray's default ports: each node has its own network namespace, so no two clash."""
 PRIVATE_DIRS = ("/tmp",)
 """Paths each node gets as a private tmpfs (Ray's temp dir /tmp/ray lives there)."""
+SPANNING = (
+    "resources.learner.workers=2",
+    'resources.learner.resources={"learner": 1}',
+    'resources.generator.resources={"rollout": 1}',
+)
+"""`--set` values that spread a run over `layout()`: a learner rank on each of nodes 1 and
+2, the generators on node 3 and after; rescorer, teacher, evaluator (no CPU, no custom
+resource) land beside the driver, on the head."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,14 @@ class HealthCheck:
     def window_s(self) -> float:
         """Seconds of silence after which Ray declares a node dead, at most."""
         return (self.failure_threshold * self.period_ms + self.timeout_ms) / 1000
+
+
+def layout(n: int = 3, cpus: float = 2.0) -> list[NodeSpec]:
+    """N nodes: the head and node 2 advertise {"learner": 1}, nodes 3.. {"rollout": 1}."""
+    return [
+        NodeSpec("head" if i == 0 else f"node{i + 1}", cpus, {"learner" if i < 2 else "rollout": 1})
+        for i in range(n)
+    ]
 
 
 @dataclass
@@ -178,6 +194,9 @@ class NetCluster:
             RAY_AUTH_MODE="token",
             RAY_AUTH_TOKEN_PATH=str(self.token_path),
             RAY_USAGE_STATS_ENABLED="0",
+            # every node's memory monitor sees the whole machine's memory, so each would
+            # kill its own workers for what the other nodes use: the kernel's OOM killer only
+            RAY_memory_monitor_refresh_ms="0",
             **self.health.env(),
             **self.extra_env,
         )
@@ -294,11 +313,13 @@ class NetCluster:
         return proc.stdout
 
     def restart(self, timeout_s: float = 180.0) -> None:
-        """Every node killed, then the head and every worker started again (a cluster whose
-        head was lost: its workers cannot rejoin a new GCS)."""
-        for node in reversed(self.nodes):
+        """The cluster started again after its head was lost: the head and every worker that
+        was still up killed and started again (a worker cannot rejoin a new GCS); nodes
+        already down stay down."""
+        up = [n for n in self.nodes if n.head or n.ns.pids()]
+        for node in reversed(up):
             self.kill_node(node)
-        for node in self.nodes:
+        for node in up:
             self.start_node(node, timeout_s)
 
     def stop(self) -> None:

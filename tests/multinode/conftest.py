@@ -1,9 +1,14 @@
-"""Multi-node tests: a namespaced Ray cluster (tests/support/netcluster.py) per module."""
+"""Multi-node tests: a namespaced Ray cluster (tests/support/netcluster.py) per module,
+and the single-node run of the demo that runs across nodes must equal."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
-from support.netcluster import netcluster_factory  # noqa: F401  (a fixture)
+from support.netcluster import DEMO_SIZE, DEMO_SYNC, ROOT, netcluster_factory, why_not  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -12,3 +17,20 @@ def netcluster(netcluster_factory):  # noqa: F811
     c = netcluster_factory()
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def single_node_demo(tmp_path_factory, tiny) -> list[dict]:
+    """Metrics rows of the demo at DEMO_SIZE on one node: `opdflow run` on its embedded
+    loopback cluster, both learner ranks there."""
+    if (why := why_not()) is not None:
+        pytest.skip(f"no namespaced cluster: {why}")
+    from opdflow.runtime.rundir import read_table
+
+    out = tmp_path_factory.mktemp("single") / "run"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, "-m", "opdflow.cli", "run", DEMO_SYNC, *DEMO_SIZE, "--run-dir", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_table(out / "metrics.parquet")
