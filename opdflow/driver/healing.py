@@ -110,11 +110,8 @@ class Healer:
         t1 = self.clock.elapsed()
         new = self._new_group(old.timeline + 1, ckpt)
         t2 = self.clock.elapsed()
-        pgs = self.wiring.placement.pgs  # the run's groups: released with the run
-        if new.placement_group is not None:
-            pgs.append(new.placement_group)
-        if old.placement_group in pgs:
-            pgs.remove(old.placement_group)
+        if old.placement_group in self.wiring.placement.pgs:
+            self.wiring.placement.pgs.remove(old.placement_group)
         old.release()
         self.group, self.st.learner = new, new.leader
         run.event("learner_group", timeline=new.timeline, ranks=new.where)
@@ -144,14 +141,22 @@ class Healer:
                 f"(the cluster has {ray.available_resources()} free)", self._resume_hint(ckpt),
             )  # fmt: skip
         slots, pg = placed
+        if pg is not None:  # the run's groups: released with the run at the latest
+            self.wiring.placement.pgs.append(pg)
         leader = make_learner(cfg, self.wiring.inputs.models.student, slots, timeline)
         ready, _ = ray.wait([leader.pid.remote()], timeout=rel.startup_timeout_s)
-        if not ready:
+        try:
+            if not ready:
+                raise StageFailed("learner", f"a new learner group of {len(slots)} rank(s) was "
+                                  f"placed but not running after {rel.startup_timeout_s:g} s",
+                                  self._resume_hint(ckpt))  # fmt: skip
+            return LearnerGroup.of(leader, timeline, pg)
+        except RayError as exc:
+            raise StageFailed("learner", f"a new learner group did not start: "
+                              f"{LearnerLost.of(exc).cause}", self._resume_hint(ckpt)) from exc  # fmt: skip
+        except StageFailed:
             ray.kill(leader)
-            raise StageFailed("learner", f"a new learner group of {len(slots)} rank(s) was "
-                              f"placed but not running after {rel.startup_timeout_s:g} s",
-                              self._resume_hint(ckpt))  # fmt: skip
-        return LearnerGroup.of(leader, timeline, pg)
+            raise
 
     def _rewind(
         self, new: LearnerGroup, ckpt: Checkpoint | None, pending: dict[int, Any],
@@ -172,7 +177,7 @@ class Healer:
         _cancel(evals.values())
         st.store.release_below(st.store.latest + 1)
         st.store.publish(new.get(leader.publish.remote()))
-        for version in [v for v in evals if v <= to]:  # only its version 0 can be pending
+        for version in [v for v in evals if v == to]:  # version 0, before any checkpoint
             st.evaluate(version)
         self.run.truncate(to, event="rewind")
         gate.rewind(to, ckpt.state["dropped"] if ckpt else 0)

@@ -42,8 +42,7 @@ SETTINGS = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    """The head (rollout) and two learner nodes. GLOO_SOCKET_IFNAME: gloo binds each
-    node's own interface, not what the shared hostname resolves to (127.0.0.1)."""
+    """The head (rollout) and two learner nodes."""
     if (why := why_not()) is not None:
         pytest.skip(f"no namespaced cluster: {why}")
     from opdflow.testbed.netcluster import HealthCheck, NetCluster, NodeSpec, cleanup_stale
@@ -51,7 +50,7 @@ def cluster():
     cleanup_stale()
     specs = [NodeSpec("head", 2, {"rollout": 1}), NodeSpec("learner-a", 2, {"learner": 1}),
              NodeSpec("learner-b", 2, {"learner": 1})]  # fmt: skip
-    c = NetCluster(health=HealthCheck(), env={"GLOO_SOCKET_IFNAME": "eth0"})
+    c = NetCluster(health=HealthCheck())
     try:
         yield c.start(specs)
     finally:
