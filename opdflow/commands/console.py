@@ -252,7 +252,7 @@ def node_losses_line(s: dict) -> str | None:
         share = x.get("share_of_updates_per_hour")
         parts.append(
             f"{x['node']} ({', '.join(x['stages']) or 'nothing of this run'}) at step {x['step']}: "
-            + (f"back after {back:.0f} s" if back is not None else "never back")
+            + (f"back after {back:.0f} s" if back is not None else "not restarted by Ray")
             + f", {x['steps_replayed']} step(s) replayed"
             + (
                 f", {share:.0%} of updates/hour lost"

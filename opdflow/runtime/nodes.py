@@ -13,7 +13,7 @@ a thread of the driver (a few GCS lookups a second) and writes to events.jsonl:
 - "waiting", every `remind_s` while a lost stage is not back: what it waits for (what the
   actor needs, and whether any alive node has it), also printed for a person;
 - "node_recovered": every restartable actor of the lost node running again, seconds since
-  the loss.
+  the loss (not for a node that held only learner ranks: Ray does not restart those).
 
 `node_losses` turns those events and the metrics into the summary's record of each loss:
 steps replayed, seconds to recover and updates/hour lost. Learner ranks lost with a node
@@ -179,7 +179,8 @@ class NodeWatch:
         for aid in there:
             if self.where.get(aid) == nid:
                 self.where.pop(aid)
-        self.open.append(loss)
+        if restartable or not ranks:  # learner ranks alone: the learner's own recovery, not Ray's
+            self.open.append(loss)
 
     def _in_flight_on(self, actor_ids: set[str]) -> list[int]:
         """Steps in flight whose batch is not complete and has a stage among `actor_ids`."""

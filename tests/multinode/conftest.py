@@ -20,6 +20,13 @@ def netcluster(netcluster_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="session")
+def shared_netcluster(netcluster_factory):  # noqa: F811
+    """Three nodes shared by the modules whose tests leave the cluster as they found it
+    (they override `netcluster` with it); stopped at the end of the session."""
+    return netcluster_factory()
+
+
+@pytest.fixture(scope="session")
 def single_node_demo(tmp_path_factory, tiny) -> list[dict]:
     """Metrics rows of the demo at DEMO_SIZE on one node: `opdflow run` on its embedded
     loopback cluster, both learner ranks there."""

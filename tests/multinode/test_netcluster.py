@@ -15,6 +15,12 @@ from opdflow.testbed.netns import BENCHMARK_NET, ip
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def netcluster(shared_netcluster):
+    """The session's three nodes: these tests leave them as they found them."""
+    return shared_netcluster
+
+
 def test_nodes_have_their_own_address_and_resources(netcluster):
     table = {n["node_ip"]: n for n in netcluster.ray_nodes() if n["state"] == "ALIVE"}
     assert sorted(table) == sorted(n.ip for n in netcluster.nodes)

@@ -24,6 +24,12 @@ from opdflow.runtime.rundir import read_table
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def netcluster(shared_netcluster):
+    """The session's three nodes: these tests leave them as they found them."""
+    return shared_netcluster
+
+
 def _events(run, kind):
     return [e for e in (json.loads(x) for x in (run / "events.jsonl").read_text().splitlines())
             if e["event"] == kind]  # fmt: skip
