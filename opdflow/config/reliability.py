@@ -13,6 +13,12 @@ class ReliabilityConfig:
 
     checkpoint_every: int = 10
     """Write a checkpoint every this many learner steps (and on a clean stop); 0 = only on stop."""
+    async_checkpoint: bool = True
+    """Write checkpoints in the background (torch.distributed.checkpoint's asynchronous
+    save): the learner waits only for a copy of its state in host memory, and the
+    checkpoint is committed (renamed into place, `latest` moved) once every rank's part is
+    written. False: the learner waits for the whole write. Each checkpoint's blocking
+    seconds are the metrics column checkpoint_block_s and its "checkpoint" event's block_s."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
     stage_timeout_s: float = 300.0

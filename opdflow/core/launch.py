@@ -42,6 +42,11 @@ class Launches:
             self.next_step += 1
         return out
 
+    def rewind(self, step: int, dropped: int) -> None:
+        """Back to a checkpoint at `step` (a learner that healed): steps from it are launched
+        again; `dropped` is the count the checkpoint holds."""
+        self.next_step, self.dropped = step, dropped
+
     def admit(self, step: int, version: int) -> bool:
         """Whether step's finished batch, generated at `version`, may train it under the k in
         effect now; a refused one is counted in `dropped` and its step must be launched again

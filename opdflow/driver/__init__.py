@@ -5,7 +5,9 @@ command that runs a pipeline (run, sweep, calibrate --short, study run) and the 
 through it. wiring.py reads a run's inputs once (models, prompts, tracker settings) and
 holds the runtime one run is wired to (placement groups, trackers, checkpoints, profiler);
 assembly.py creates the stage actors; controller.py is the loop that launches generation
-within the staleness bound, feeds the learner and records each step. sweep.py (a staleness
+within the staleness bound, feeds the learner and records each step; healing.py heals the
+learner when a rank is lost (learner_group.py watches its ranks and places a new group),
+rewinding the loop to the last checkpoint. sweep.py (a staleness
 sweep) and ladder.py (calibrate --short's noise ladder) are batches of runs in one session.
 
 May import: every folder but commands/. Imported by commands/ and the benches.

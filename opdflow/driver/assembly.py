@@ -8,6 +8,8 @@ is wired by the session and wiring.py and handed in; nothing here connects or pl
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,20 +31,26 @@ from opdflow.weights.store import WeightStore
 from opdflow.weights.transport import ObjectStore, Transport, for_pipeline
 
 
-def make_learner(cfg: PipelineConfig, student: str, placement: Placement) -> Any:
-    """The learner actor: rank 0 of resources.learner.workers ranks; it starts the other
-    N - 1 with these options (each placed where the placement puts a learner)."""
+def learner_slots(cfg: PipelineConfig, placement: Placement) -> list[Any]:
+    """Where each learner rank goes: its placement-group bundle, or None (anywhere)."""
+    return [placement.scheduling("learner") for _ in range(cfg.resources.learner.workers)]
+
+
+def make_learner(cfg: PipelineConfig, student: str, slots: list[Any], timeline: int = 0) -> Any:
+    """The learner actor: rank 0 of len(slots) ranks, each placed by its slot (a scheduling
+    strategy or None); rank 0 starts the others. `timeline`: the group's number in the run
+    (0; one more each time the learner heals)."""
     from opdflow.stages.learner_actor import learner_class
 
-    res = cfg.resources.learner
+    res = dataclasses.replace(cfg.resources.learner, workers=len(slots))
     peers = []
-    for _ in range(res.workers - 1):
+    for where in slots[1:]:
         opts = actor_options(res)
-        if (where := placement.scheduling("learner")) is not None:
+        if where is not None:
             opts["scheduling_strategy"] = where
         peers.append(opts)
     args = (student, cfg.train, cfg.seed, res, for_pipeline(cfg), peers)
-    return _actor(learner_class(), res, 0, *args, scheduling=placement.scheduling("learner"))
+    return _actor(learner_class(), res, 0, *args, timeline=timeline, scheduling=slots[0])
 
 
 def _actor(
@@ -76,6 +84,8 @@ class Stages:
     evals: dict[int, Any] = field(default_factory=dict)
     transport: Transport = field(default_factory=ObjectStore)
     """What weights.* parsed into (weights.transport.for_pipeline)."""
+    learner_slots: list[Any] = field(default_factory=list)
+    """Where the learner's ranks were placed (learner_slots): a healed group reuses them."""
     learner_held: dict[str, Any] | None = None
     """collective: what the learner held after the last release (LearnerActor.held) and
     the versions it was told were still needed then ("needed")."""
@@ -114,6 +124,7 @@ class Stages:
         workers = [make_worker() for _ in range(e.replicas)]
         chunk, budget = cfg.train.logit_chunk_tokens, cfg.train.micro_batch_tokens
         exact = len(tok) <= e.exact_kl_max_vocab
+        slots = learner_slots(cfg, placement)
         st = cls(
             cfg=cfg,
             pool=GeneratorPool(
@@ -140,8 +151,8 @@ class Stages:
                 budget,
                 scheduling=placement.scheduling("teacher"),
             ),
-            # the learner holds the run's state: never restarted (resume from a checkpoint)
-            learner=make_learner(cfg, paths.student, placement),
+            # the learner holds the run's state: not restarted by Ray, it heals (healing.py)
+            learner=make_learner(cfg, paths.student, slots),
             evaluator=_actor(
                 EvaluatorActor,
                 r.evaluator,
@@ -169,6 +180,7 @@ class Stages:
             sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg.staleness),
             transport=for_pipeline(cfg),
+            learner_slots=slots,
         )
         st.await_started(cfg.reliability.startup_timeout_s)
         return st
@@ -190,26 +202,57 @@ class Stages:
         return self.actors("generator/{}")
 
     def await_started(self, timeout_s: float) -> None:
-        """Wait until every actor runs; actors Ray cannot place become an error, not a hang."""
+        """Wait until every actor runs. An actor that fails to start stops the run at once
+        with its own error (first line); one not running after `timeout_s` with where it
+        is: still starting on a node, or not placed (what it asks, what the cluster has)."""
+        from opdflow.runtime.startup import first_line, node_in, where_started
+
         named = self.actors()
-        refs = {name: actor.pid.remote() for name, actor in named.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        missing = [name for name, ref in refs.items() if ref not in ready]
-        if missing:
-            self.shutdown()
-            r = self.cfg.resources
-            asked = {n: getattr(r, n.split("[")[0]) for n in missing}
-            raise StageFailed(
-                "startup",
-                f"{', '.join(missing)} not running after {timeout_s:.0f} s; they request "
+        refs = {actor.pid.remote(): name for name, actor in named.items()}
+        deadline = time.monotonic() + timeout_s
+        while refs and (left := deadline - time.monotonic()) > 0:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=left)
+            for ref in ready:
+                name = refs.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayError as exc:
+                    self.shutdown()
+                    node = node_in(exc)
+                    raise StageFailed(
+                        name.split("[")[0],
+                        f"{name} did not start{f' on node {node}' if node else ''}: "
+                        + first_line(exc),
+                    ) from None
+        if not refs:
+            return
+        missing = list(refs.values())
+        where = {n: where_started(named[n]) for n in missing}
+        self.shutdown()
+        r = self.cfg.resources
+        unplaced = {n: getattr(r, n.split("[")[0]) for n in missing if where[n] is None}
+        starting = [f"{n} (on node {where[n]})" for n in missing if where[n] is not None]
+        parts = []
+        if unplaced:
+            parts.append(
+                f"{', '.join(unplaced)} not running after {timeout_s:.0f} s; they request "
                 + "; ".join(
                     f"{n}: {a.num_cpus} CPU, {a.num_gpus} GPU, {a.resources or 'no custom'}"
                     + (f" for each of {a.workers} workers" if getattr(a, "workers", 1) > 1 else "")
-                    for n, a in asked.items()
+                    for n, a in unplaced.items()
                 )
-                + f"; the cluster has {ray.cluster_resources()}",
-                "lower resources.* / engine.replicas or add nodes",
+                + f"; the cluster has {ray.cluster_resources()}"
             )
+        if starting:
+            parts.append(
+                f"placed but still starting after {timeout_s:.0f} s: {', '.join(starting)}"
+            )
+        raise StageFailed(
+            "startup",
+            "; ".join(parts),
+            "lower resources.* / engine.replicas or add nodes" if unplaced
+            else "raise reliability.startup_timeout_s",
+        )  # fmt: skip
 
     def restore(self, resume: Checkpoint | None, run: RunDir) -> int:
         """Publish the learner's starting version (from a checkpoint if given); returns its step."""

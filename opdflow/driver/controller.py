@@ -16,7 +16,9 @@ A batch whose version broke the bound (k lowered after launch) is dropped and
 regenerated, and counted. That rule is core/launch.py's `Launches`, which the simulator
 drives too. Dead stage actors are restarted by Ray and their work re-run,
 each restart recorded (restarts.py); a stuck one is killed after a deadline
-(supervisor.py). Checkpoints every N steps and on SIGINT/SIGTERM make a run resumable; a
+(supervisor.py). A lost learner rank is healed in-run: a new group from the last
+checkpoint, the loop rewound to it (healing.py). Checkpoints every N steps (written in the
+background, committed once complete) and on SIGINT/SIGTERM make a run resumable; a
 finished run leaves its student in final/ (export.py). Stage construction lives in `Stages`
 (assembly.py), the run's placement, trackers and checkpoints in `RunWiring` (wiring.py);
 connecting to Ray and creating, resuming or cleaning up the run directory is the session's.
@@ -30,23 +32,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 from ray.exceptions import RayError
 
 from opdflow.config import PipelineConfig
 from opdflow.core.launch import Launches
 from opdflow.core.staleness import StepObservation
 from opdflow.driver.assembly import Stages
+from opdflow.driver.healing import Healer, learner_losses
 from opdflow.driver.wiring import RunInputs, RunWiring
 from opdflow.runtime.checkpoint import Checkpoint
+from opdflow.runtime.nodes import node_losses
 from opdflow.runtime.restarts import RestartLog, restart_slowdown
 from opdflow.runtime.rundir import RunDir
 from opdflow.runtime.supervisor import (
+    LearnerLost,
     Link,
     StageFailed,
     StopRequested,
     await_links,
-    diagnose,
     stop_on_signals,
 )
 
@@ -74,6 +77,10 @@ class StepClock:
     def __post_init__(self) -> None:
         self.t_start = self.t_prev = self.clock()
         self.t_warm = self.t_start if self.warmup == 0 else None
+
+    def elapsed(self) -> float:
+        """Seconds since the run clock started."""
+        return self.clock() - self.t_start
 
     def tick(self, done_steps: int) -> tuple[float, float, float]:
         """(step_s, updates_per_hour, seconds since start) once `done_steps` steps are done."""
@@ -105,6 +112,8 @@ class RowQueue:
     first: int = 0
     rows: list[dict] = dataclasses.field(default_factory=list)
     results: dict[int, dict] = dataclasses.field(default_factory=dict)
+    carried: dict[int, dict] = dataclasses.field(default_factory=dict)
+    """Evaluations already carried by an emitted row (a rewind may need one again)."""
 
     def version_of(self, step: int) -> int | None:
         if self.evaluated(step + 1):
@@ -121,7 +130,16 @@ class RowQueue:
             if v is not None and v not in self.results:
                 return
             row = self.rows.pop(0)
-            self.emit({**row, **(NO_HELDOUT if v is None else self.results.pop(v))})
+            if v is not None:
+                self.carried[v] = self.results.pop(v)
+            self.emit({**row, **(NO_HELDOUT if v is None else self.carried[v])})
+
+    def rewind(self, step: int) -> None:
+        """Back to a checkpoint at `step` (a learner that healed): rows from it are trained
+        again, evaluations of later versions belonged to the abandoned timeline."""
+        self.rows = [r for r in self.rows if r["step"] < step]
+        kept = {**self.carried, **self.results}
+        self.results = {v: r for v, r in kept.items() if v <= step}
 
 
 def run_pipeline(
@@ -146,6 +164,7 @@ def run_pipeline(
         policy, store, rel, steps = st.policy, st.store, cfg.reliability, cfg.train.steps
         first = st.restore(resume, run)
         pending: dict[int, Pending] = {}
+        watch = wiring.watch_nodes(st.actors, pending)  # node losses: events, what it waits for
         gate = Launches(policy, steps, first, resume.state["dropped"] if resume else 0)
 
         def launch(step: int, v: int, attempt: int = 0) -> None:
@@ -182,6 +201,7 @@ def run_pipeline(
         rows = RowQueue(evaluated, emit, first)
         clock = StepClock(first, cfg.warmup_steps)
         restarts = RestartLog()
+        healer = Healer(cfg, run, st, wiring, clock, first)  # a lost learner rank: rewind
 
         def record_restarts(step: int) -> int:
             hits = restarts.poll(st.actors(), step)
@@ -194,61 +214,72 @@ def run_pipeline(
 
         def checkpoint(step: int) -> None:  # after `step` steps
             state = {"dropped": gate.dropped, "policy": policy.state()}
-            wiring.checkpoint(st.learner, state, step)
+            wiring.checkpoint(st.learner, state, step, healer.get)
 
         with stop_on_signals() as stop:
-            for step in range(first, steps):
-                while True:  # trainer wait: until this step's batch is scored and within the bound
-                    job = pending.pop(step)
-                    wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout)
-                    if gate.admit(step, job.version):
-                        break
-                    run.event("dropped", step=step, version=job.version, k=policy.k)
-                    launch(step, store.latest, job.attempt + 1)
+            step = first
+            while step < steps:
+                watch.step = step
                 try:
-                    out = ray.get(st.learner.train_step.remote(step, job.ref))
-                except RayError as exc:
-                    raise diagnose(job.links, exc) from exc
-                store.publish(out.pop("weights"))
-                step_s, uph, elapsed = clock.tick(step + 1)
-                staleness = step - job.version
-                obs = StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
-                if (decision := policy.observe(obs)) is not None:
-                    run.event("staleness", **dataclasses.asdict(decision))
-                more = decision is not None and decision.want_more_generators
-                for change in st.pool.rescale(more):
-                    run.event("generator_pool", step=step, **change)
-                if out["bad_steps"] > cfg.train.max_bad_steps:
-                    raise StageFailed("learner", f"{out['bad_steps']} steps had a non-finite loss "
-                                      f"(train.max_bad_steps={cfg.train.max_bad_steps})",
-                                      "lower train.lr or check the models")  # fmt: skip
-                launch_ready()
-                st.release_weights(min([p.version for p in pending.values()] + [store.latest]))
-                store.check_bound(policy.live_versions)  # a leaked version would fill memory
-                if evaluated(step + 1):
-                    st.evaluate(step + 1)
-                row = {
-                    "step": step, "version": job.version, "staleness": staleness, "k": policy.k,
-                    **out, "trainer_wait_s": wait_s, "step_s": step_s, "updates_per_hour": uph,
-                    "dropped": gate.dropped, "time_s": elapsed, "queue_depth": len(pending),
-                    "live_weight_versions": len(store.live_versions()),
-                    "weight_bytes_live": st.weight_bytes_live(),
-                    "generator_replicas": st.pool.status()["ready"],
-                    "restarts": record_restarts(step),
-                }  # fmt: skip
-                rows.push(row, st.collect_evals(run, wait=False))
-                if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
-                    rows.push(None, st.collect_evals(run, wait=True))
-                    checkpoint(step + 1)
-                    if stop.requested:
-                        raise StopRequested(f"stopped after step {step} (checkpoint written); "
-                                            f"resume with --resume {run.path}")  # fmt: skip
+                    while True:  # trainer wait: the step's batch scored and within the bound
+                        job = pending.pop(step)
+                        wait_s = await_links(job.links, rel.stage_timeout_s, on_timeout,
+                                             healer.watches)  # fmt: skip
+                        if gate.admit(step, job.version):
+                            break
+                        run.event("dropped", step=step, version=job.version, k=policy.k)
+                        launch(step, store.latest, job.attempt + 1)
+                    out = healer.train(step, job.ref, job.links)
+                    store.publish(out.pop("weights"))
+                    step_s, uph, elapsed = clock.tick(step + 1)
+                    staleness = step - job.version
+                    obs = StepObservation(step, wait_s, step_s, out["d_stale_k1"], staleness)
+                    if (decision := policy.observe(obs)) is not None:
+                        run.event("staleness", **dataclasses.asdict(decision))
+                    more = decision is not None and decision.want_more_generators
+                    for change in st.pool.rescale(more):
+                        run.event("generator_pool", step=step, **change)
+                    if out["bad_steps"] > cfg.train.max_bad_steps:
+                        raise StageFailed("learner", f"{out['bad_steps']} steps had a non-finite "
+                                          f"loss (train.max_bad_steps={cfg.train.max_bad_steps})",
+                                          "lower train.lr or check the models")  # fmt: skip
+                    launch_ready()
+                    st.release_weights(min([p.version for p in pending.values()] + [store.latest]))
+                    store.check_bound(policy.live_versions)  # a leaked version would fill memory
+                    if evaluated(step + 1):
+                        st.evaluate(step + 1)
+                    row = {
+                        "step": step, "version": job.version, "staleness": staleness,
+                        "k": policy.k, **out, "trainer_wait_s": wait_s, "step_s": step_s,
+                        "updates_per_hour": uph, "dropped": gate.dropped, "time_s": elapsed,
+                        "queue_depth": len(pending),
+                        "live_weight_versions": len(store.live_versions()),
+                        "weight_bytes_live": st.weight_bytes_live(),
+                        "generator_replicas": st.pool.status()["ready"],
+                        "restarts": record_restarts(step),
+                        "checkpoint_block_s": wiring.take_checkpoint_block(),
+                    }  # fmt: skip
+                    rows.push(row, st.collect_evals(run, wait=False))
+                    if stop.requested or _checkpoint_due(step + 1, rel.checkpoint_every, steps):
+                        rows.push(None, st.collect_evals(run, wait=True))
+                        checkpoint(step + 1)
+                        if stop.requested:
+                            wiring.commit_written(st.learner, healer.get, wait=True)
+                            raise StopRequested(f"stopped after step {step} (checkpoint "
+                                                f"written); resume with --resume {run.path}")  # fmt: skip
+                    wiring.commit_written(st.learner, healer.get)  # a checkpoint once complete
+                    step += 1
+                except (LearnerLost, RayError) as exc:  # anything else is not healed
+                    step = healer.heal(exc, step, pending, gate, rows)
+                    prof.actors["learner"] = st.learner
+                    launch_ready()
         rows.push(None, st.collect_evals(run, wait=True))
         record_restarts(steps - 1)  # after the last row: in events and the summary only
         prof.finish(run)
         checkpoint(steps)
+        wiring.commit_written(st.learner, healer.get, wait=True)
         wiring.export_final(steps)
-        summary = summarize(run, ray.get(st.learner.record.remote()), gate.dropped)
+        summary = summarize(run, healer.get(st.learner.record.remote()), gate.dropped, first)
         run.write_json("summary.json", summary)
         return summary
     finally:
@@ -263,9 +294,11 @@ def _checkpoint_due(done: int, every: int, steps: int) -> bool:
     return bool(every) and done % every == 0 and done < steps
 
 
-def summarize(run: RunDir, record: list, dropped: int) -> dict:
-    """Start/end held-out KL and accuracy, throughput and mismatch over the run, and stage
-    restarts (per stage, from events.jsonl) with the share of updates/hour they cost.
+def summarize(run: RunDir, record: list, dropped: int, start_step: int = 0) -> dict:
+    """Start/end held-out KL and accuracy, throughput and mismatch over the run, stage
+    restarts (per stage, from events.jsonl) with the share of updates/hour they cost, and
+    each learner loss it healed from (healing.learner_losses). `start_step`: the step this
+    process started at (a resumed run's checkpoint).
 
     Accuracy is the share of held-out responses whose answer matches the reference, NaN
     when the held-out prompts have no reference answers."""
@@ -288,6 +321,7 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
         ok = answers is not False and acc and all(a is not None for a in acc)
         return float(np.mean(acc)) if ok else float("nan")
 
+    timed = len(m) - start_step - run.config().get("warmup_steps", 0)  # what updates/hour counts
     first, last = min(by_version), max(by_version)
     kl0, kl1 = pooled(by_version[first]), pooled(by_version[last])
     tokens = np.array([r["tokens"] for r in m], float)
@@ -324,5 +358,7 @@ def summarize(run: RunDir, record: list, dropped: int) -> dict:
         "dropped_batches": dropped,
         "restarts": run.restart_counts(),
         "restart_slowdown": restart_slowdown(m, run.config().get("warmup_steps", 0)),
+        "learner_losses": learner_losses(run.events(), m[-1]["updates_per_hour"], timed),
+        "node_losses": node_losses(run.events(), m),
         "trained_steps_record": record,
     }

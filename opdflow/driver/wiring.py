@@ -10,6 +10,8 @@ exported student); closing it releases them. Creating the stage actors is assemb
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from opdflow.config import PipelineConfig
 from opdflow.errors import ConfigError
 from opdflow.runtime import checkpoint
 from opdflow.runtime.checkpoint import Checkpoint
+from opdflow.runtime.nodes import NodeWatch
 from opdflow.runtime.placement import Placement, grouped_actors
 from opdflow.runtime.profiler import Profiler
 from opdflow.runtime.rundir import RunDir
@@ -109,6 +112,18 @@ def reserve_placement(cfg: PipelineConfig) -> Placement:
     return placement
 
 
+@dataclass(frozen=True)
+class _Saving:
+    """A checkpoint the learner is writing, and what the driver commits with it."""
+
+    step: int
+    staging: Path
+    state: dict[str, Any]
+    block_s: float
+    t0: float
+    background: bool
+
+
 @dataclass
 class RunWiring:
     """One run's placement groups, trackers and checkpoint root, and what is written
@@ -119,6 +134,12 @@ class RunWiring:
     inputs: RunInputs
     trackers: Trackers
     placement: Placement
+    saving: _Saving | None = None
+    """The checkpoint being written, committed once complete (commit_written)."""
+    block_s: float = 0.0
+    """Seconds checkpoints blocked the learner, not yet reported (take_checkpoint_block)."""
+    watch: NodeWatch | None = None
+    """Ray's node table turned into the run's events (watch_nodes), until close()."""
 
     @classmethod
     def open(cls, cfg: PipelineConfig, run: RunDir, inputs: RunInputs) -> RunWiring:
@@ -152,6 +173,9 @@ class RunWiring:
             ranks = ray.get(learner.sees.remote(str(probe), token))
         finally:
             probe.unlink(missing_ok=True)
+        self.run.event(
+            "learner_ranks", ranks=[{"rank": r["rank"], "node": r["node"]} for r in ranks]
+        )
         blind = [r for r in ranks if not r["ok"]]
         if blind:
             raise ConfigError(
@@ -163,23 +187,62 @@ class RunWiring:
                 "Lustre, a mounted bucket), or place the learner on the driver's node"
             )
 
+    def watch_nodes(self, actors: Callable[[], dict[str, Any]], pending: dict) -> NodeWatch:
+        """Start recording where the stages run, nodes joining and lost, what a lost node
+        held and what the run waits for (runtime/nodes.py); the controller sets its
+        `step`. Stopped by close()."""
+        self.watch = NodeWatch(self.run, actors, pending, self.cfg.resources).start()
+        return self.watch
+
     def profiler(self, actors: dict[str, Any]) -> Profiler:
         """The run's profiler over `actors` (by the name their spans carry); its clock
         starts now."""
         return Profiler(self.run.path, actors, run_name=self.cfg.name)
 
-    def checkpoint(self, learner: Any, state: dict[str, Any], step: int) -> None:
-        """The learner writes weights/optimizer/RNG into a staging dir; the driver commits it
-        with `state` (the loop's: dropped batches, the staleness policy's) and the number of
-        metrics rows written so far."""
-        import ray
-
-        root, run = self.inputs.checkpoint_root, self.run
+    def checkpoint(
+        self, learner: Any, state: dict[str, Any], step: int, get: Callable[[Any], Any]
+    ) -> None:
+        """The learner saves weights/optimizer/RNG of `step` into a staging dir, in the
+        background (reliability.async_checkpoint): it returns once its state is copied, the
+        seconds that blocked it kept for the step it delayed (`take_checkpoint_block`).
+        `commit_written` commits it, with `state` (the loop's: dropped batches, the
+        staleness policy's) and the number of metrics rows written so far, once complete.
+        A previous save still being written is committed first. `get`: how to wait for a
+        learner call (the healer's: a lost rank is a LearnerLost)."""
+        self.commit_written(learner, get, wait=True)
+        root, background = self.inputs.checkpoint_root, self.cfg.reliability.async_checkpoint
         staging = checkpoint.staging_dir(root, step)
-        ray.get(learner.save_checkpoint.remote(str(staging)))
-        state = {**state, "metrics_rows": len(run.metrics)}
-        checkpoint.commit(root, staging, step, state, self.cfg.reliability.keep_checkpoints)
-        run.event("checkpoint", step=step)
+        t0 = time.perf_counter()
+        block_s = get(learner.save_checkpoint.remote(str(staging), background))
+        state = {**state, "metrics_rows": len(self.run.metrics)}
+        self.saving = _Saving(step, staging, state, block_s, t0, background)
+        self.block_s += block_s
+        if not background:
+            self.commit_written(learner, get, wait=True)
+
+    def commit_written(self, learner: Any, get: Callable[[Any], Any], wait: bool = False) -> None:
+        """Commit the checkpoint being saved once every rank's part is written (wait: until
+        then): rename into place, point `latest` at it, record a "checkpoint" event (its
+        step, the seconds it blocked the learner, the seconds until written)."""
+        saving = self.saving
+        if saving is None or not get(learner.checkpoint_written.remote(wait)):
+            return
+        self.saving = None
+        root, keep = self.inputs.checkpoint_root, self.cfg.reliability.keep_checkpoints
+        checkpoint.commit(root, saving.staging, saving.step, saving.state, keep)
+        self.run.event("checkpoint", step=saving.step, block_s=saving.block_s,
+                       written_s=time.perf_counter() - saving.t0, background=saving.background)  # fmt: skip
+
+    def abandon_checkpoint(self) -> None:
+        """Forget a checkpoint still being written (its learner is gone): never committed."""
+        if self.saving is not None:
+            shutil.rmtree(self.saving.staging, ignore_errors=True)
+            self.saving = None
+
+    def take_checkpoint_block(self) -> float:
+        """Seconds checkpoints blocked the learner since the last call (0 if none)."""
+        block_s, self.block_s = self.block_s, 0.0
+        return block_s
 
     def export_final(self, step: int) -> Path:
         """The finished run's student as a Hugging Face checkpoint in RUN_DIR/final/ (from
@@ -195,7 +258,9 @@ class RunWiring:
         return out
 
     def close(self) -> None:
-        """Close the trackers and remove the placement groups."""
+        """Stop the node watch, close the trackers and remove the placement groups."""
+        if self.watch is not None:
+            self.watch.stop()
         try:
             self.trackers.close()
         finally:

@@ -5,11 +5,14 @@ A checkpoint is a directory step_NNNNNN under the run's checkpoint root
 and random state (the CPU generator's and, on a GPU, the CUDA generators', so a resumed
 GPU run samples as the uninterrupted one) are written with torch.distributed.checkpoint
 (DCP): every learner rank writes only its own shards, in parallel, and a load reshards
-them onto any number of ranks, so a run checkpointed with N workers resumes with M. learner.json holds the learner's counters and
-state.json the driver's (step, staleness policy state, counters). Everything is written
-into a temporary directory that the driver renames into place, then `latest` is replaced
-atomically: a crash mid-write leaves the previous checkpoint usable. Data cursors need no
-saving: prompts are a pure function of the step.
+them onto any number of ranks, so a run checkpointed with N workers resumes with M.
+learner.json holds the learner's counters and state.json the driver's (step, staleness
+policy state, counters). Everything is written into a temporary directory that the driver
+renames into place, then `latest` is replaced atomically: a crash mid-write leaves the previous checkpoint usable. The learner's part is
+written in the background (DCP's asynchronous save: the step waits only for a copy of the
+state in host memory) and the driver commits it only once every rank's part is complete,
+so a resume, or a rewind of a learner that heals, only ever sees committed checkpoints.
+Data cursors need no saving: prompts are a pure function of the step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,16 +79,67 @@ def load_latest(root: Path) -> Checkpoint | None:
     return Checkpoint(path, int(state["step"]), state)
 
 
-def save_learner(model: Any, optimizer: Any, out_dir: Path) -> None:
+def save_learner(
+    model: Any, optimizer: Any, out_dir: Path, background: bool = False, group: Any = None
+) -> Future | None:
     """The learner's weights, AdamW state and RNG as DCP shards in `out_dir`; every rank of a
-    data-parallel learner calls it (each writes its own shards, rank 0 the metadata)."""
+    data-parallel learner calls it (each writes its own shards, rank 0 the metadata).
+
+    background: DCP's asynchronous save. It returns once the state is copied (staged) into
+    host memory of its own, so the caller may train on; the files are written in a thread,
+    and the returned future is done once this rank's part is (on rank 0, the coordinator:
+    once the whole checkpoint is, metadata included). Its collectives go over `group`, a
+    gloo group of their own beside the training's (None: no process group)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state, **rng_state(_device(model))}
     with single_process_quiet():
+        if background:
+            return dcp.async_save(
+                state, checkpoint_id=str(out_dir), process_group=group, no_dist=not _distributed()
+            )
         dcp.save(state, checkpoint_id=str(out_dir), no_dist=not _distributed())
+    return None
+
+
+class LearnerSaves:
+    """One learner rank's checkpoint saves (save_learner), one at a time: the one being
+    written in the background, and the gloo group background saves coordinate over."""
+
+    def __init__(self) -> None:
+        self.saving: Future | None = None
+        self.group: Any = None
+
+    def start(self, model: Any, optimizer: Any, out_dir: Path, background: bool) -> None:
+        """Save (after the previous save is written); background: return once staged."""
+        self.wait()
+        group = self._group() if background else None
+        if background and not _distributed():  # DCP warns from the save's thread, later
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        self.saving = save_learner(model, optimizer, out_dir, background, group)
+
+    def done(self) -> bool:
+        """Whether the last save is completely written (raises if it failed)."""
+        return self.saving is None or (self.saving.done() and self.wait())
+
+    def wait(self) -> bool:
+        """Until the last save is completely written (raises if it failed); True."""
+        saving, self.saving = self.saving, None
+        if saving is not None:
+            saving.result()
+        return True
+
+    def _group(self) -> Any:
+        """A gloo group of the learner's ranks for background saves (None without a process
+        group): their collectives run in the save's thread, beside the training thread's
+        on the main group, and a main group of NCCL cannot carry them."""
+        if self.group is None and _distributed():
+            import torch.distributed as dist
+
+            self.group = dist.new_group(backend="gloo")  # every rank at its first save
+        return self.group
 
 
 def load_learner(model: Any, optimizer: Any, ckpt_dir: Path) -> str:

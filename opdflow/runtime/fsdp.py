@@ -29,6 +29,9 @@ class DistSpec:
     world: int
     init_method: str
     """Rendezvous, e.g. "tcp://10.0.0.1:29500" (rank 0's node and a free port)."""
+    host: str = ""
+    """This rank's node address (Ray's): the group's sockets bind the interface holding it,
+    not the one the hostname resolves to (interfaces.py); "" = the backend's own choice."""
 
 
 def free_port(host: str = "") -> int:
@@ -38,14 +41,24 @@ def free_port(host: str = "") -> int:
         return int(s.getsockname()[1])
 
 
+def group_backend(device: torch.device) -> str:
+    """The learner group's collective backend: NCCL on GPUs, gloo on CPUs."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def init_process_group(device: torch.device, spec: DistSpec | None) -> DistSpec:
-    """Join (or, alone, create) the learner's process group: NCCL on GPUs, gloo on CPUs."""
+    """Join (or, alone, create) the learner's process group: NCCL on GPUs, gloo on CPUs,
+    its sockets (gloo's, NCCL's bootstrap) on the interface of the rank's node address."""
     import torch.distributed as dist
+
+    from opdflow.runtime.interfaces import bind_sockets
 
     if spec is None:
         spec = DistSpec(0, 1, f"tcp://127.0.0.1:{free_port('127.0.0.1')}")
     if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = group_backend(device)
+        if spec.host:
+            bind_sockets(backend, spec.host)
         dist.init_process_group(
             backend, init_method=spec.init_method, rank=spec.rank, world_size=spec.world
         )

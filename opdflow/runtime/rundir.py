@@ -68,14 +68,15 @@ class RunDir:
     def config(self) -> dict[str, Any]:
         return json.loads((self.path / "config.json").read_text())
 
-    def truncate(self, step: int) -> None:
-        """Forget records past a checkpoint at `step` (they are recomputed on resume)."""
+    def truncate(self, step: int, event: str = "resume") -> None:
+        """Forget records past a checkpoint at `step` (they are recomputed on resume, or
+        after a learner's rewind: `event` names which)."""
         self.metrics = [r for r in self.metrics if r["step"] < step]
         self.heldout = [r for r in self.heldout if r["version"] <= step]
         _write_table(self.path / "metrics.parquet", self.metrics)
-        if self.heldout:
+        if self.heldout or (self.path / "heldout.parquet").is_file():
             _write_table(self.path / "heldout.parquet", self.heldout)
-        self.event("resume", step=step)
+        self.event(event, step=step)
 
     def write_json(self, name: str, data: Any) -> None:
         _atomic_write_bytes(self.path / name, json.dumps(data, indent=2, default=str).encode())

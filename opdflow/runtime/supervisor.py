@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,25 @@ class StageFailed(RuntimeError):
 
 class StopRequested(Exception):
     """SIGINT/SIGTERM arrived: the run checkpointed at a step boundary and stopped."""
+
+
+class LearnerLost(StageFailed):
+    """A learner rank died (its process or its node): the training loop heals the learner
+    (driver/healing.py); met anywhere else, the run stops with it."""
+
+    def __init__(self, cause: str, ranks: list[int] | None = None):
+        super().__init__(
+            "learner", f"rank(s) {ranks if ranks is not None else '?'} lost ({cause})",
+            "resume the run from its last checkpoint with --resume RUN_DIR",
+        )  # fmt: skip
+        self.cause, self.ranks = cause, ranks
+
+    @classmethod
+    def of(cls, error: Any, ranks: list[int] | None = None) -> LearnerLost:
+        """From the error that told of it (an exception, or a finished ref holding one), in
+        its first sentence."""
+        cause = _cause(error) if isinstance(error, BaseException) else _cause_of(error)
+        return cls(cause.split(". ", 1)[0].rstrip(".") + ".", ranks)
 
 
 @dataclass
@@ -61,15 +80,21 @@ def actor_state(actor: Any) -> str | None:
 
 
 def await_links(
-    links: list[Link], timeout_s: float, on_timeout: Callable[[str, str], None]
+    links: list[Link],
+    timeout_s: float,
+    on_timeout: Callable[[str, str], None],
+    watch: Sequence[Any] = (),
 ) -> float:
     """Wait for the last link; on each deadline kill the stuck stage's actor (Ray restarts
     it and re-runs its tasks) unless it is still starting or restarting (killing it then
-    would only spend restarts). on_timeout(stage, action) hears of each deadline. Returns
+    would only spend restarts). on_timeout(stage, action) hears of each deadline. `watch`:
+    refs that finish only when a learner rank dies (LearnerLost is raised then). Returns
     seconds waited."""
     t0 = time.perf_counter()
     while True:
-        ready, _ = ray.wait([links[-1].ref], timeout=timeout_s)
+        ready, _ = ray.wait([links[-1].ref, *watch], num_returns=1, timeout=timeout_s)
+        if ready and ready[0] != links[-1].ref:  # ready refs come in the order asked
+            raise LearnerLost.of(ready[0])
         if ready:
             return time.perf_counter() - t0
         stuck = first_unready(links) or links[-1]
@@ -95,6 +120,15 @@ def diagnose(links: list[Link], error: BaseException) -> StageFailed:
     return StageFailed(
         "learner", _cause(error), "resume the run from its last checkpoint with --resume RUN_DIR"
     )
+
+
+def _cause_of(ref: Any) -> str:
+    """The error a finished ref holds, as _cause words it ('' if it holds none)."""
+    try:
+        ray.get(ref, timeout=0)
+    except RayError as exc:
+        return _cause(exc)
+    return ""
 
 
 def _cause(exc: BaseException) -> str:

@@ -72,18 +72,23 @@ class StageActor(SpanRecorder):
         device: Any = None,
         receiver: Any = None,
     ) -> None:
-        """Unless `current` is already `weights.version`, get that version into the model,
-        timed as a "fetch" span: nothing is fetched when the version is current (the ref
-        inside a WeightsRef reaches the actor unresolved). The ref resolves to the version's
-        handle once the version is complete; its transport then gets it into the model:
-        `load(views, version)` copies zero-copy views of the object-store buffer, or
+        """Unless `current` is already `weights.version` of the same timeline, get that
+        version into the model, timed as a "fetch" span: nothing is fetched when the version
+        is current (the ref inside a WeightsRef reaches the actor unresolved). The ref
+        resolves to the version's handle once the version is complete; then `load(views,
+        version)` copies zero-copy views of the object-store buffer into the model, or
         (collective) the version is received on this actor's pair with the learner, in
         buckets on `device`, by `receiver` (default: here, straight into the model through
-        `load`)."""
-        if weights.version == current:
+        `load`). A new timeline (the
+        learner healed) is a new learner: its versions are fetched even where the number is
+        the same, and collective pairs are opened again with its rank 0."""
+        timeline = self.__dict__.get("_timeline", 0)
+        if weights.version == current and weights.timeline == timeline:
             return
         from opdflow.weights.fetcher import Fetcher, LocalReceiver
 
+        if weights.timeline != timeline:
+            self.__dict__.pop("_fetcher", None)  # its pair was with the old rank 0
         fetcher = self.__dict__.setdefault("_fetcher", Fetcher())
         with self.span("fetch", step, weights.version) as s:
             handle = weights.handle()
@@ -94,6 +99,7 @@ class StageActor(SpanRecorder):
             fetcher.fetch(handle, load, receiver)
             s["bytes"] = handle.nbytes
         self.__dict__["weights_transport"] = handle.transport.name
+        self.__dict__["_timeline"] = weights.timeline
 
     def transport_used(self) -> str | None:
         """The transport this actor's last fetch went by (None before any)."""

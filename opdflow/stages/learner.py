@@ -36,6 +36,7 @@ from opdflow.config import TrainConfig
 from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
+from opdflow.runtime.checkpoint import LearnerSaves
 from opdflow.runtime.device import PeakMemory, stage_device, tensor_bytes, to_host
 from opdflow.runtime.fsdp import DistSpec
 from opdflow.weights.cast import BF16Cast, bf16_entries, write_bf16
@@ -114,6 +115,8 @@ class Learner:
         """Publishing's FP32 -> BF16 cast into host staging, beside the next step: on a side
         stream on a GPU, in a thread on an unsharded CPU learner (the step settles it
         before its optimizer writes the weights), else in the caller (weights/cast.py)."""
+        self.saves = LearnerSaves()
+        """This rank's checkpoint saves (one at a time, in the background or not)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -336,13 +339,20 @@ class Learner:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def save_checkpoint(self, out_dir: str) -> None:
-        """Every rank writes its shards (torch.distributed.checkpoint); rank 0 the counters."""
-        from opdflow.runtime.checkpoint import save_learner
-
-        save_learner(self.model, self.opt, Path(out_dir))
+    def save_checkpoint(self, out_dir: str, background: bool = False) -> None:
+        """Every rank writes its shards (torch.distributed.checkpoint); rank 0 the counters.
+        background: return once the state is copied into host memory, the files written in
+        a thread (`checkpoint_written` says when); one save at a time."""
+        self.saves.wait()
         if self.rank == 0:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
             (Path(out_dir) / "learner.json").write_text(json.dumps(self._meta()))
+        self.saves.start(self.model, self.opt, Path(out_dir), background)
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last save is completely written (rank 0: by every rank, metadata
+        included); wait: until it is. A failed save raises here."""
+        return self.saves.wait() if wait else self.saves.done()
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
         """Every rank reads its shards, from a checkpoint of any number of workers."""

@@ -16,6 +16,7 @@ which declares those concurrency groups.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,12 @@ from opdflow.stages import StageActor, pin_threads
 from opdflow.weights.transport import ObjectStore, Transport
 from opdflow.weights.version import WeightsRef
 
-CONCURRENCY_GROUPS = {"weights": 4, "sends": 4}
+CONCURRENCY_GROUPS = {"weights": 4, "sends": 4, "watch": 2}
 """Threads beside the training one: "weights" for seals (object-store puts), pair setups and
 the driver's retain calls; "sends" for collective sends, which run one fetch at a time
 (weights/publisher.py orders them with the learner's collectives), so those queued never
-hold up a retain or a pair setup."""
+hold up a retain or a pair setup; "watch" for the driver's watch on each rank and its pings
+(driver/learner_group.py)."""
 RUNTIME_ENV = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}}
 """torch puts the learner's CPU tensors of 2 MiB or more on transparent huge pages (where
 the kernel allows them on request). Streaming the FP32 weights, as the BF16 cast and the
@@ -61,17 +63,20 @@ class LearnerActor(StageActor):
         peer_options: list[dict[str, Any]] | None = None,
         rank: int = 0,
         rendezvous: str | None = None,
+        timeline: int = 0,
     ):
         """`resources`: its torch threads and workers (ranks); `transport`: how versions
         move (weights/transport.py: parsed from weights.* by the driver; default the object
-        store); `peer_options`: the Ray options rank 0 starts each other rank with."""
+        store); `peer_options`: the Ray options rank 0 starts each other rank with;
+        `timeline`: the learner group's number in the run (0, then one more each time the
+        learner heals), carried by every version it publishes (WeightsRef.timeline)."""
         from opdflow.runtime.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
         res = resources or LearnerResources()
         transport = transport or ObjectStore()
         pin_threads(res.torch_threads)
-        self.rank = rank
+        self.rank, self.timeline = rank, timeline
         self.peers: list[Any] = []
         dist = None
         if res.workers > 1:
@@ -81,11 +86,19 @@ class LearnerActor(StageActor):
                 self.peers = [
                     learner_class()
                     .options(**options[r - 1])
-                    .remote(model_path, train, seed, res, transport, None, r, rendezvous)
+                    .remote(model_path, train, seed, res, transport, None, r, rendezvous, timeline)
                     for r in range(1, res.workers)
                 ]
-            dist = DistSpec(rank, res.workers, str(rendezvous))
-        self.learner = Learner(model_path, train, seed, dist=dist)
+            dist = DistSpec(rank, res.workers, str(rendezvous), ray.util.get_node_ip_address())
+        if self.peers:  # a rank that fails to start ends rank 0's wait with its own error
+            from opdflow.runtime.startup import build_watching
+
+            starts = {f"learner rank {r}": p.pid.remote() for r, p in enumerate(self.peers, 1)}
+            self.learner = build_watching(
+                lambda: Learner(model_path, train, seed, dist=dist), starts
+            )
+        else:
+            self.learner = Learner(model_path, train, seed, dist=dist)
         self.publisher = None
         if rank == 0:
             from opdflow.weights.publisher import Publisher
@@ -141,7 +154,8 @@ class LearnerActor(StageActor):
             me = ray.get_runtime_context().current_actor
             ref = pub.transport.publish(pub, packed, cast, me)
             s["bytes"] = packed.nbytes
-        return WeightsRef(version, ref, packed.nbytes), time.perf_counter() - t0
+        weights = WeightsRef(version, ref, packed.nbytes, self.timeline)
+        return weights, time.perf_counter() - t0
 
     # ---------------------------------------------------------------- weights threads (rank 0)
 
@@ -180,11 +194,21 @@ class LearnerActor(StageActor):
         assert pub is not None
         return {"versions": pub.held(), "bytes": pub.held_bytes(), "sending": pub.sending()}
 
-    def save_checkpoint(self, out_dir: str) -> None:
-        self._with_peers("save_checkpoint", out_dir)
+    def save_checkpoint(self, out_dir: str, background: bool = False) -> float:
+        """Every rank saves its shards into `out_dir`; background: each returns once its
+        state is staged in host memory, the files written in a thread. The seconds this
+        blocked the learner (every rank's part)."""
+        t0 = time.perf_counter()
+        self._with_peers("save_checkpoint", out_dir, background)
+        return time.perf_counter() - t0
 
-    def _save_checkpoint(self, out_dir: str) -> None:
-        self.learner.save_checkpoint(out_dir)
+    def _save_checkpoint(self, out_dir: str, background: bool) -> None:
+        self.learner.save_checkpoint(out_dir, background)
+
+    def checkpoint_written(self, wait: bool = False) -> bool:
+        """Whether the last save is complete on disk (rank 0 coordinates the save: it
+        finishes after every rank's part); wait: until it is."""
+        return self.learner.checkpoint_written(wait)
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
         self._with_peers("load_checkpoint", ckpt_dir, step)
@@ -207,3 +231,26 @@ class LearnerActor(StageActor):
 
     def record(self) -> list[tuple[int, int]]:
         return self.learner.record()
+
+    # ---------------------------------------------------------------- the driver's watch
+
+    def ranks(self) -> list[Any]:
+        """Every rank's actor handle, in rank order (rank 0: this one)."""
+        return [ray.get_runtime_context().current_actor, *self.peers]
+
+    def where(self) -> dict[str, Any]:
+        """This rank's process and node."""
+        ctx = ray.get_runtime_context()
+        return {"rank": self.rank, "pid": self.pid(), "node_id": ctx.get_node_id(),
+                "node": ray.util.get_node_ip_address()}  # fmt: skip
+
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
+        """Never returns: the driver waits on it beside its other calls, and its failure
+        is the prompt news that this rank's process (or node) died."""
+        threading.Event().wait()
+
+    @ray.method(concurrency_group="watch")
+    def alive(self) -> int:
+        """Answers at once, even while the training thread is blocked in a collective."""
+        return self.rank

@@ -35,10 +35,14 @@ def pair_group(
 ) -> Any:
     """A 2-rank process group on `store` (rank 0: the learner), built without the default
     process group (the learner's own FSDP group stays untouched): NCCL on `device` (a GPU),
-    or gloo bound to `host`. Blocks until both ranks have joined."""
+    or gloo; either binds the interface holding `host`, the node's address. Blocks until
+    both ranks have joined."""
     import torch
     import torch.distributed as dist
 
+    from opdflow.runtime.interfaces import bind_sockets
+
+    bind_sockets(backend, host)  # NCCL's bootstrap too binds the interface holding `host`
     if backend == "nccl":  # written for GPUs, not yet run on one
         gpu = torch.device(device)
         if gpu.index is not None:

@@ -84,6 +84,11 @@ class WeightsRef:
     ref: Any
     nbytes: int | None = None
     """None: ask the object store for the size of `ref` (store.object_nbytes)."""
+    timeline: int = 0
+    """Which learner group published it: 0 for the run's first, one more after each time the
+    learner healed (rebuilt from a checkpoint, driver/healing.py). Version numbers restart
+    at the checkpoint's step on a new timeline, so a consumer holding version v of an older
+    timeline does not hold this version v."""
 
     def handle(self) -> WeightsHandle:
         """The version's handle (blocks until the version is complete)."""

@@ -168,7 +168,11 @@ def test_a_failed_job_reports_the_tail_of_its_logs(ray_head, tmp_path):
     assert status == "FAILED"
     st = _cli(["status", job_id, "--address", ray_head])
     assert st.exit_code == 1
-    assert "FAILED" in st.output and str(missing) in st.output  # the error, from the log tail
+    # a check that refuses the job: one line in its status and its logs, no traceback
+    first = st.output.splitlines()[0]
+    assert first.startswith(f"{job_id}: FAILED: error: ") and str(missing) in first, st.output
+    logs = _cli(["logs", job_id, "--address", ray_head]).output
+    assert "Traceback" not in logs and "run directory: " in logs
     waited = _cli(["submit", PIPELINE, *TINY, *bad, "--address", ray_head, "--wait"])
     assert waited.exit_code == 1
     assert "FAILED" in waited.output and "last 40 lines of its logs" in waited.output
