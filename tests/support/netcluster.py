@@ -29,7 +29,8 @@ __all__ = ["HealthCheck", "NetCluster", "NodeSpec"]  # re-exported for the tests
 
 THREE_NODES = layout(3)
 """The default layout: learner ranks on nodes 1 and 2 (one each), generators on node 3;
-rescorer, teacher, evaluator (no CPU, no custom resource) and the job's driver on the head."""
+rescorer, teacher, evaluator (no CPU, no custom resource) wherever Ray finds room; the
+job's driver on the head."""
 
 ACROSS_NODES = [x for kv in SPANNING for x in ("--set", kv)]
 """Arguments that place a run on THREE_NODES: 2 learner ranks on nodes 1 and 2 (one each),
