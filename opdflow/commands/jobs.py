@@ -52,6 +52,7 @@ def job_client(address: str | None, token: str | None = None) -> Any:
         os.environ["RAY_AUTH_TOKEN"] = token
     if "://" not in address and not address.startswith("ray://"):
         address = f"http://{address}"
+    sync_auth()
     from ray.job_submission import JobSubmissionClient
 
     try:
@@ -70,6 +71,25 @@ def job_client(address: str | None, token: str | None = None) -> Any:
         raise click.ClickException(
             f"cannot reach the Ray Jobs API at {address}: {text}; {hint}"
         ) from None
+
+
+def sync_auth() -> None:
+    """Make this process's Ray follow RAY_AUTH_MODE / RAY_AUTH_TOKEN[_PATH] as they are now:
+    Ray reads the mode once and caches the token, so a process that talks to a second
+    cluster (another token, or none) would still send the first one's."""
+    try:
+        from ray._raylet import (
+            AuthenticationMode,
+            AuthenticationTokenLoader,
+            Config,
+            get_authentication_mode,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    wants_token = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    if wants_token != (get_authentication_mode() == AuthenticationMode.TOKEN):
+        Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def runtime_env(

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opdflow.config import ResourcesConfig
@@ -52,7 +52,6 @@ class Loss:
     actors: dict[str, str]
     """Actor id -> name of each actor of the run that ran there."""
     said: float = 0.0
-    back: set[str] = field(default_factory=set)
 
 
 class NodeWatch:
@@ -200,14 +199,17 @@ class NodeWatch:
     def _follow(
         self, loss: Loss, names: dict[str, str], table: dict[str, dict], now: float
     ) -> None:
-        """A lost node's actors: recovered once each runs again (or left the run)."""
+        """A lost node's actors: recovered once each runs again (or left the run); a loss
+        whose actor Ray gave up on (DEAD: restarts spent) is closed without it."""
         waiting = []
         for aid, name in loss.actors.items():
             state = (table.get(aid) or {}).get("State")
-            if state == "ALIVE" or aid not in names or state == "DEAD":
-                loss.back.add(aid)
-            else:
-                waiting.append(name)
+            if aid not in names or state == "ALIVE":
+                continue  # running again, or no longer the run's (the pool replaced it)
+            if state == "DEAD":
+                self.open.remove(loss)  # the run stops with that stage's error
+                return
+            waiting.append(name)
         if not waiting:
             self.open.remove(loss)
             self.run.event("node_recovered", node=loss.node, node_id=loss.node_id,

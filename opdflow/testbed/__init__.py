@@ -4,7 +4,7 @@ The tiny worked-solutions task and the tiny student and teacher models that opdf
 builds and caches itself (training.py, zoo.py, task.py, tokenizer.py, tiny.py), and the
 loaders that read real checkpoints and parquet prompt files from local paths with the same
 code (models.py, data.py, grader.py). Nothing here downloads anything. netcluster.py (over
-netns.py) is the testbed for many machines: a real multi-node Ray cluster on one Linux
+raynode.py and netns.py) is the testbed for many machines: a real multi-node Ray cluster on one Linux
 machine, each node in its own network and mount namespace, for trying and testing runs
 across nodes (standard library only).
 

@@ -1,25 +1,19 @@
 """A Ray cluster of several nodes on one machine, each node a machine of its own to Ray.
 
 Multi-node behaviour (a learner group across hosts, weights crossing nodes, a node lost
-and replaced, a partition) can be tried and tested without a cloud account. Not a fake
-provider: every node is a real `ray start` in its own Linux network namespace with its
-own address in 198.18.0.0/15 (netns.py), its own /tmp (Ray's temp and spill directories)
-and /dev/shm (the object store) on private tmpfs, so nothing one node writes there is
-seen by another. The nodes share one directory, `shared`, standing in for the NFS mount
-every node of a real cluster has: run directories, checkpoints and the model cache go
-there (nodes get OPDFLOW_CACHE=shared/cache, seeded from this machine's cache).
+or cut off) tried and tested without a cloud account. Not a fake provider: every node is a
+real `ray start` (raynode.py) in its own network namespace with its own address in
+198.18.0.0/15 (netns.py) and its own /tmp and /dev/shm. The nodes share one directory,
+`shared`, standing in for NFS: run directories, checkpoints, the model cache
+(OPDFLOW_CACHE=shared/cache, seeded from this machine's). The head runs the GCS and the
+dashboard with Ray's token authentication, the cluster's own token given to every node
+and, by `client_env()`, to clients. Nodes run this checkout's opdflow with this
+interpreter's Ray.
 
-The head runs the GCS and the dashboard (Jobs API) with Ray's token authentication; the
-token is the cluster's own (`token_path`), given to every node and to clients by
-`client_env()`. Workers join with `ray start --address`, each with the custom resources
-its NodeSpec names (e.g. {"learner": 1}, {"rollout": 1}) so stages land where a run asks.
-Ray's health check is shortened (HealthCheck) so a silent node is declared dead in
-seconds. Nodes run this checkout's opdflow (PYTHONPATH) with this interpreter's Ray.
-
-Teardown (`stop`) kills every process of every node by pid (`ip netns pids`), then
-deletes the namespaces, links and the bridge; it runs at interpreter exit too, and
-`cleanup_stale()` removes what a killed owner left. `cluster/netcluster.py up N` / `down`
-is the same class from a shell.
+`stop` kills every process of every node by pid (`ip netns pids`) and deletes the
+namespaces, links and bridge; it runs at interpreter exit too, and `cleanup_stale()`
+removes what a killed owner left. `cluster/netcluster.py up N` / `down` is this class
+from a shell.
 """
 
 from __future__ import annotations
@@ -36,19 +30,26 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from opdflow.testbed.netns import Bridge, Namespace, pick_subnet
+from opdflow.testbed.raynode import (
+    DASHBOARD_PORT,
+    GCS_PORT,
+    HealthCheck,
+    Node,
+    NodeSpec,
+    ray_start_argv,
+    start_in_namespace,
+)
+
+__all__ = ["SPANNING", "HealthCheck", "NetCluster", "Node", "NodeSpec", "cleanup_stale", "layout"]
 
 STATE_ROOT = Path("/var/tmp")
 """Where instances keep their base directory (state.json, token, logs, shared storage):
 outside /tmp, which every node replaces with a private tmpfs."""
-GCS_PORT, DASHBOARD_PORT = 6379, 8265
-"""Ray's default ports: each node has its own network namespace, so no two clash."""
-PRIVATE_DIRS = ("/tmp",)
-"""Paths each node gets as a private tmpfs (Ray's temp dir /tmp/ray lives there)."""
 SPANNING = (
     "resources.learner.workers=2",
     'resources.learner.resources={"learner": 1}',
@@ -56,42 +57,7 @@ SPANNING = (
 )
 """`--set` values that spread a run over `layout()`: a learner rank on each of nodes 1 and
 2, the generators on node 3 and after; rescorer, teacher, evaluator (no CPU, no custom
-resource) land beside the driver, on the head."""
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """One node: its name, logical CPUs, custom resources and object store size."""
-
-    name: str
-    num_cpus: float = 2.0
-    resources: dict[str, float] = field(default_factory=dict)
-    """Custom Ray resources, e.g. {"learner": 1}: a stage asking for one lands here."""
-    object_store_mb: int = 512
-    """Object store size (its /dev/shm tmpfs is given room for it)."""
-
-
-@dataclass(frozen=True)
-class HealthCheck:
-    """Ray's node health check (GCS -> raylet), shortened: a node that stops answering is
-    dead after about `window_s` (Ray's defaults take 15-30 s)."""
-
-    period_ms: int = 1000
-    timeout_ms: int = 2000
-    failure_threshold: int = 5
-
-    def env(self) -> dict[str, str]:
-        return {
-            "RAY_health_check_initial_delay_ms": "0",
-            "RAY_health_check_period_ms": str(self.period_ms),
-            "RAY_health_check_timeout_ms": str(self.timeout_ms),
-            "RAY_health_check_failure_threshold": str(self.failure_threshold),
-        }
-
-    @property
-    def window_s(self) -> float:
-        """Seconds of silence after which Ray declares a node dead, at most."""
-        return (self.failure_threshold * self.period_ms + self.timeout_ms) / 1000
+resource) land wherever Ray finds room."""
 
 
 def layout(n: int = 3, cpus: float = 2.0) -> list[NodeSpec]:
@@ -100,21 +66,6 @@ def layout(n: int = 3, cpus: float = 2.0) -> list[NodeSpec]:
         NodeSpec("head" if i == 0 else f"node{i + 1}", cpus, {"learner" if i < 2 else "rollout": 1})
         for i in range(n)
     ]
-
-
-@dataclass
-class Node:
-    """A node of the cluster: its namespace and spec; `starts` counts its `ray start`s."""
-
-    index: int
-    spec: NodeSpec
-    ns: Namespace
-    head: bool = False
-    starts: int = 0
-
-    @property
-    def ip(self) -> str:
-        return str(self.ns.address.ip)
 
 
 class NetCluster:
@@ -249,34 +200,10 @@ class NetCluster:
     def start_node(self, node: Node, timeout_s: float = 180.0) -> None:
         """`ray start` in the node's namespace (a fresh Ray node at its address: a node Ray
         declared dead never rejoins); returns once it is alive in Ray's node table."""
-        s = node.spec
-        cmd = [
-            str(Path(self.python).parent / "ray"), "start",
-            f"--node-ip-address={node.ip}", f"--num-cpus={s.num_cpus:g}",
-            f"--resources={json.dumps(s.resources)}",
-            f"--object-store-memory={s.object_store_mb * 2**20}",
-            "--temp-dir=/tmp/ray", "--disable-usage-stats",
-        ]  # fmt: skip
-        if node.head:
-            cmd += [
-                "--head", f"--port={GCS_PORT}", "--include-dashboard=true",
-                "--dashboard-host=0.0.0.0", f"--dashboard-port={DASHBOARD_PORT}",
-            ]  # fmt: skip
-        else:
-            cmd += [f"--address={self.gcs_address}"]
         node.starts += 1
         log = self.base / "logs" / f"node{node.index}-{node.starts}.log"
-        shm_mb = s.object_store_mb + 256
-        with open(log, "w") as out:
-            proc = subprocess.run(
-                node.ns.argv(cmd, PRIVATE_DIRS, shm_mb),
-                env=self.node_env(), stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
-            )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"ray start failed on node {node.index} ({node.ip}), exit {proc.returncode}:\n"
-                + tail(log)
-            )
+        argv = ray_start_argv(node, self.python, self.gcs_address)
+        start_in_namespace(node, argv, self.node_env(), log, timeout_s)
         self.wait_alive(node.ip, timeout_s)
 
     def kill_node(self, node: Node) -> list[int]:
@@ -467,10 +394,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

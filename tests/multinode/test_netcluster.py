@@ -60,3 +60,20 @@ def test_teardown_leaves_nothing(netcluster_factory):
     assert not set(names) & set(ip("netns", "list").split())
     assert not [link for link in links if link in ip("-o", "link", "show")]
     assert not base.exists()
+
+
+def test_process_groups_on_a_node_bind_its_address_not_the_hostnames(netcluster):
+    """Inside a node the hostname resolves to loopback (as in many containers); gloo and
+    NCCL's bootstrap are pointed at the interface holding the node's address instead."""
+    import json
+    import sys
+
+    node = netcluster.nodes[1]
+    code = (
+        "import json, socket; from opdflow.runtime.interfaces import socket_env; "
+        f"print(json.dumps([socket.gethostbyname(socket.gethostname()), "
+        f"socket_env('gloo', '{node.ip}'), socket_env('nccl', '{node.ip}')]))"
+    )
+    hostname_ip, gloo, nccl = json.loads(netcluster.run_in(node, [sys.executable, "-c", code]))
+    assert gloo == {"GLOO_SOCKET_IFNAME": "eth0"} and nccl == {"NCCL_SOCKET_IFNAME": "=eth0"}
+    assert hostname_ip != node.ip  # what gloo would have bound without it

@@ -29,7 +29,8 @@ __all__ = ["HealthCheck", "NetCluster", "NodeSpec"]  # re-exported for the tests
 
 THREE_NODES = layout(3)
 """The default layout: learner ranks on nodes 1 and 2 (one each), generators on node 3;
-rescorer, teacher, evaluator (no CPU, no custom resource) and the job's driver on the head."""
+rescorer, teacher, evaluator (no CPU, no custom resource) wherever Ray finds room; the
+job's driver on the head."""
 
 ACROSS_NODES = [x for kv in SPANNING for x in ("--set", kv)]
 """Arguments that place a run on THREE_NODES: 2 learner ranks on nodes 1 and 2 (one each),
@@ -92,8 +93,12 @@ def opdflow_cli(cluster: NetCluster, args: list[str]):
     from click.testing import CliRunner
 
     from opdflow.cli import main
+    from opdflow.commands.jobs import sync_auth
 
-    return CliRunner().invoke(main, args, env=cluster.client_env(), catch_exceptions=False)
+    try:
+        return CliRunner().invoke(main, args, env=cluster.client_env(), catch_exceptions=False)
+    finally:
+        sync_auth()  # Ray's auth state back to this process's environment
 
 
 def submit(cluster: NetCluster, spec: str, args: list[str], wait: bool = True) -> tuple[Any, str]:
@@ -107,7 +112,7 @@ def job_status(cluster: NetCluster, job_id: str, timeout_s: float = 900.0) -> st
     """The job's status once it is terminal (SUCCEEDED, FAILED, STOPPED)."""
     import os
 
-    from opdflow.commands.jobs import job_client
+    from opdflow.commands.jobs import job_client, sync_auth
 
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update({k: cluster.client_env()[k] for k in saved})
@@ -126,6 +131,7 @@ def job_status(cluster: NetCluster, job_id: str, timeout_s: float = 900.0) -> st
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        sync_auth()
 
 
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600.0) -> int:
