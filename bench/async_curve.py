@@ -52,7 +52,7 @@ def config(k: int | str, args: argparse.Namespace, k_max: int):
 
 def stage_times(run_dir: Path, warmup: int) -> tuple[float, float]:
     """Median per-step generation-side seconds g and learner seconds t after warm-up."""
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     g: dict[int, float] = {}
     t: dict[int, float] = {}

@@ -115,7 +115,7 @@ def main() -> None:
     args = p.parse_args()
     import ray
 
-    from opdflow.runtime.cluster import connect
+    from opdflow.cluster.connection import connect
 
     connect(2)
     nbytes = int(args.gb * 1e9)

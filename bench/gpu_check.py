@@ -78,10 +78,10 @@ class Meter:
 
     def run(self, stage: str, tokens: int, flops_per_token: float, fn, *args, model=None,
             plan_gb: float | None = None, peak_of=None):  # fmt: skip
-        """Time fn(*args) and read its peak memory (runtime/device.py's PeakMemory: the
+        """Time fn(*args) and read its peak memory (compute/device.py's PeakMemory: the
         allocator's peak on a GPU; on a CPU `model`'s tensors plus the resident set's rise),
         or take it from `peak_of(out)`, beside `plan_gb`, the memory plan's figure."""
-        from opdflow.runtime.device import PeakMemory, tensor_bytes
+        from opdflow.compute.device import PeakMemory, tensor_bytes
 
         self.sync()
         held = tensor_bytes(model.parameters()) if model is not None else 0
@@ -187,10 +187,10 @@ def main() -> int:
     import numpy as np
     import torch
 
+    from opdflow.compute.device import stage_device
     from opdflow.config import TrainConfig
     from opdflow.engines.base import GenerationRequest, SamplingParams
     from opdflow.engines.torch_engine import TorchEngine
-    from opdflow.runtime.device import stage_device
     from opdflow.stages.learner import Learner
     from opdflow.stages.rescorer import Rescorer
     from opdflow.stages.teacher import TeacherScorer

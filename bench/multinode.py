@@ -118,7 +118,7 @@ def events(run: Path, kind: str) -> list[dict]:
 def rescorer_fetches(run: Path) -> dict:
     """The rescorer's fetch-span seconds after the first version, and whether it ran on
     learner rank 0's node (which publishes)."""
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     rank0 = events(run, "learner_ranks")[0]["ranks"][0]["node"]
     node = events(run, "placement")[0]["actors"]["rescorer"]

@@ -55,7 +55,7 @@ def measure(root: Path, generators: int, ks: list[int], steps: int) -> dict:
     from opdflow.config.loader import load_pipeline
     from opdflow.core.policy import settings_for
     from opdflow.driver.sweep import run_sweep
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     done = root / "measured.json"
     if done.is_file():

@@ -141,7 +141,7 @@ def learner_actor_class() -> type:
     """LearnerActor whose Learner is a StateLearner; its _publish and weights methods run as
     in a pipeline."""
     from opdflow.config import WeightsConfig
-    from opdflow.stages import pin_threads
+    from opdflow.stages.actor import pin_threads
     from opdflow.stages.learner_actor import LearnerActor
     from opdflow.weights.publisher import Publisher
     from opdflow.weights.transport import parse
@@ -178,7 +178,7 @@ def learner_actor_class() -> type:
 
 def consumer_actor_class() -> type:
     """A generator's weight path without an engine: ensure_weights into a BF16 module."""
-    from opdflow.stages import StageActor, pin_threads
+    from opdflow.stages.actor import StageActor, pin_threads
 
     class Consumer(StageActor):
         def __init__(self, shapes: list[tuple[str, int]], threads: int = 1):
@@ -377,7 +377,7 @@ def main() -> None:
 
     import ray
 
-    from opdflow.runtime.cluster import connect
+    from opdflow.cluster.connection import connect
 
     connect(2)
     results = run(

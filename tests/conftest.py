@@ -22,6 +22,6 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny):
-    from opdflow.testbed.tokenizer import load_tokenizer
+    from opdflow.inputs.models import load_tokenizer
 
     return load_tokenizer(tiny.tokenizer)

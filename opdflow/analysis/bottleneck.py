@@ -13,7 +13,7 @@ from typing import Any
 
 from opdflow.analysis.curves import finite
 from opdflow.analysis.runs import Run
-from opdflow.runtime.profiler import union_seconds
+from opdflow.record.profiler import union_seconds
 
 WAIT_BOUND = 0.10
 """Trainer wait share (of learner step time) at or above which a run is generation-bound."""

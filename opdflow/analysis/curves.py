@@ -59,7 +59,7 @@ def kl_at_time(curve: list[tuple[float, float]], t: float) -> float:
 def accuracy_curve(run: Run) -> list[tuple[int, float]]:
     """(version, held-out accuracy) per evaluated version; empty when the run's held-out
     prompts have no reference answers (its accuracy would be a meaningless 0)."""
-    from opdflow.testbed.data import heldout_has_answers
+    from opdflow.inputs.data import heldout_has_answers
 
     answers = heldout_has_answers(run.config.get("data", {}).get("heldout", "tiny"))
     acc = [r.get("accuracy") for r in run.heldout]

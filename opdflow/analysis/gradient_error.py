@@ -69,9 +69,8 @@ class GradientProbe:
         """weights: FP32 student state (e.g. a run's checkpoint); None = the untrained student."""
         import torch
 
-        from opdflow.testbed.data import load_prompts
-        from opdflow.testbed.models import load_model, resolve_models
-        from opdflow.testbed.tokenizer import load_tokenizer
+        from opdflow.inputs.data import load_prompts
+        from opdflow.inputs.models import load_model, load_tokenizer, resolve_models
 
         self.cfg, self.label, self.seed, self.n = cfg, label, seed, responses_per_prompt
         self.paths = resolve_models(cfg, log=lambda _m: None)

@@ -67,9 +67,8 @@ class MeasureSession:
         weights: dict | None = None,
         log: Callable[[str], None] | None = None,
     ):
-        from opdflow.testbed.data import load_prompts
-        from opdflow.testbed.models import load_model, resolve_models
-        from opdflow.testbed.tokenizer import load_tokenizer
+        from opdflow.inputs.data import load_prompts
+        from opdflow.inputs.models import load_model, load_tokenizer, resolve_models
 
         self.cfg, self.seed, self.weights = cfg, seed, weights
         self.n = responses_per_prompt
@@ -79,7 +78,7 @@ class MeasureSession:
         self.prompts = load_prompts(
             self.paths.heldout, self.tokenizer, cfg.data.max_prompt_tokens, limit=num_prompts
         )
-        from opdflow.runtime.device import stage_device
+        from opdflow.compute.device import stage_device
 
         self.device = str(stage_device())  # a GPU where this process has one
         self.student = load_model(self.paths.student, "bfloat16", self.device)

@@ -2,7 +2,7 @@
 
 `opdflow run` leaves config.json, metrics.parquet (a row per learner step),
 heldout.parquet (per-prompt held-out KL per evaluated version), spans.parquet (when the
-profiler recorded spans) and summary.json (runtime/rundir.py and the profiler write them).
+profiler recorded spans) and summary.json (record/rundir.py and the profiler write them).
 `Run` reads each file the first time it is asked for, so the report, the quality rule,
 calibration, the sweep table, the simulator and the study read only what they use;
 `read_run` refuses a directory that lacks a file its caller needs, naming the file, what
@@ -20,7 +20,7 @@ from opdflow.config import StalenessConfig
 from opdflow.core.policy import KToken, k_label, token_of
 from opdflow.core.staleness import StepObservation
 from opdflow.errors import ConfigError
-from opdflow.runtime.rundir import read_table
+from opdflow.record.rundir import read_table
 
 
 class Run:

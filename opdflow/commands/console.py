@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opdflow.config import PipelineConfig
+from opdflow.core.duration import duration
 
 if TYPE_CHECKING:
     from opdflow.driver.session import Outcome
@@ -34,17 +35,6 @@ if TYPE_CHECKING:
 def fmt(x: float | None, spec: str = ".4f") -> str:
     """`x` formatted with `spec`; 'n/a' for None or NaN."""
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def duration(s: float) -> str:
-    """'42 s', '3.5 min', '2.1 h'; 'n/a' when not finite."""
-    if not math.isfinite(s):
-        return "n/a"
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 BAR_MIN, BAR_MAX = 10, 40
@@ -150,8 +140,8 @@ def run_with_progress(
 ) -> dict:
     """Run a pipeline in a driver Session with a live progress line; print and return its
     summary. A stop exits 130 and a stage failure 1, each with one line."""
+    from opdflow.cluster.supervisor import StageFailed, StopRequested
     from opdflow.driver.session import Session
-    from opdflow.runtime.supervisor import StageFailed, StopRequested
 
     console = Console(stderr=True)
     shown: dict = {"run": run_dir or resume, "kl": float("nan")}
@@ -205,7 +195,7 @@ def accuracy_change(s: dict) -> str:
 def restarts_line(s: dict) -> str:
     """'generator 2, teacher 1: cost 35% of updates/hour (RESTARTS SLOWED THIS RUN)', 'none',
     or n/a for a summary from before opdflow recorded restarts."""
-    from opdflow.runtime.restarts import RESTART_FLAG_SHARE
+    from opdflow.cluster.restarts import RESTART_FLAG_SHARE
 
     counts = s.get("restarts")
     if counts is None:

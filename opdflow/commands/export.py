@@ -25,7 +25,7 @@ import click
 def export(run_dir: str, step: int | None, out: str, max_shard_size: str) -> None:
     """Write RUN_DIR's student (its latest checkpoint, or --step N) to --out as a Hugging Face
     checkpoint that AutoModelForCausalLM.from_pretrained and vLLM load."""
-    from opdflow.runtime.export import export_run, parse_size
+    from opdflow.record.export import export_run, parse_size
 
     path = export_run(run_dir, out, step, parse_size(max_shard_size))
     click.echo(str(path))

@@ -371,7 +371,7 @@ def job_entry(
     from opdflow.commands.console import run_with_progress
     from opdflow.config.loader import load_pipeline
     from opdflow.errors import ConfigError
-    from opdflow.runtime.rundir import default_path
+    from opdflow.record.rundir import default_path
 
     try:
         cfg = load_pipeline(pipeline, list(overrides))

@@ -95,7 +95,7 @@ def _canonical(recipe: str) -> str:
 def _admit_table(decisions, budget, alpha: float, cfg, speed_source: str) -> None:
     from rich.table import Table
 
-    from opdflow.commands.console import duration
+    from opdflow.core.duration import duration
 
     t = Table(title=f"admission check: {cfg.name} (L = {budget.line:.4g}, alpha = {alpha:g})")
     for col in ("recipe", "D_hat nats/tok", "95% CI", "alpha*D_hat", "decision", "tokens"):
@@ -207,9 +207,9 @@ def admit(
 
     from opdflow.analysis.admission import decide, drift_report, load_budget
     from opdflow.analysis.measure import measure_recipes
-    from opdflow.commands.console import duration
+    from opdflow.cluster.connection import quiet_env
     from opdflow.config.loader import load_pipeline
-    from opdflow.runtime.cluster import quiet_env
+    from opdflow.core.duration import duration
 
     quiet_env()
     cfg = load_pipeline(pipeline, list(overrides))

@@ -64,11 +64,11 @@ def validate(
     click.echo(json.dumps(cfg.to_dict(), indent=2))
     where: dict[str, str] = {}
     if cluster:
-        from opdflow.runtime.placement import fit, parse_cluster
+        from opdflow.cluster.placement import fit, parse_cluster
 
         where = {a: f"node {n}" for a, n in fit(cfg, parse_cluster(cluster)).items()}
     elif cluster_yaml:
-        from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
+        from opdflow.cluster.clusterfile import fit_cluster_file, load_cluster_file
 
         where = fit_cluster_file(cfg, load_cluster_file(cluster_yaml))
     for node in dict.fromkeys(sorted(where.values(), key=_node_order)):

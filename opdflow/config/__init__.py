@@ -11,8 +11,8 @@ staleness.py, evaluation.py, resources.py, reliability.py, trackers.py and weigh
 section each; rules.py the validation rules they share. loader.py loads pipeline files and
 overrides.py applies `--set`: import those from their own modules.
 
-May import: the standard library, opdflow.errors and opdflow.core (the recipe grammar);
-nothing heavy. Imported by every folder but core/, and by pipeline files.
+May import: opdflow.errors, opdflow.core (the recipe grammar); nothing heavy. Imported by
+every folder but core/, and by pipeline files.
 """
 
 from opdflow.config.data import DataConfig, TaskSpec

@@ -8,6 +8,5 @@ the mismatch estimators and the statistics the analyses share. No module here im
 torch, ray, vllm or transformers (a test says so), so the driver, the simulator and the
 analyses can use the same rules without a GPU stack.
 
-May import: the standard library, numpy, opdflow.errors and other core modules. Imported by
-every other folder.
+May import: opdflow.errors; numpy. Imported by every other folder.
 """

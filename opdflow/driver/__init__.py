@@ -10,5 +10,7 @@ learner when a rank is lost (learner_group.py watches its ranks and places a new
 rewinding the loop to the last checkpoint. sweep.py (a staleness
 sweep) and ladder.py (calibrate --short's noise ladder) are batches of runs in one session.
 
-May import: every folder but commands/. Imported by commands/ and the benches.
+May import: opdflow.core, opdflow.config, opdflow.errors, opdflow.inputs, opdflow.compute,
+opdflow.cluster, opdflow.record, opdflow.weights, opdflow.engines, opdflow.stages,
+opdflow.analysis, opdflow.testbed; ray. Imported by study/, commands/ and the benches.
 """

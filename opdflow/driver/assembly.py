@@ -16,17 +16,16 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from opdflow.cluster.placement import Placement, actor_options
+from opdflow.cluster.supervisor import StageFailed
 from opdflow.config import PipelineConfig, StageResources
 from opdflow.core.policy import make_policy
 from opdflow.core.staleness import StalenessPolicy
 from opdflow.driver.wiring import RunInputs
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.runtime.checkpoint import Checkpoint
-from opdflow.runtime.placement import Placement
-from opdflow.runtime.rundir import RunDir
-from opdflow.runtime.supervisor import StageFailed
-from opdflow.stages import actor_options
-from opdflow.testbed.data import PromptSampler, PromptSet
+from opdflow.inputs.data import PromptSampler, PromptSet
+from opdflow.record.checkpoint import Checkpoint
+from opdflow.record.rundir import RunDir
 from opdflow.weights.store import WeightStore
 from opdflow.weights.transport import ObjectStore, Transport, for_pipeline
 
@@ -205,7 +204,7 @@ class Stages:
         """Wait until every actor runs. An actor that fails to start stops the run at once
         with its own error (first line); one not running after `timeout_s` with where it
         is: still starting on a node, or not placed (what it asks, what the cluster has)."""
-        from opdflow.runtime.startup import first_line, node_in, where_started
+        from opdflow.cluster.startup import first_line, node_in, where_started
 
         named = self.actors()
         refs = {actor.pid.remote(): name for name, actor in named.items()}

@@ -34,14 +34,14 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from opdflow.cluster.supervisor import LearnerLost, Link, StageFailed, diagnose
 from opdflow.config import PipelineConfig
 from opdflow.core.launch import Launches
 from opdflow.driver.assembly import Stages, make_learner
 from opdflow.driver.learner_group import LearnerGroup, place_ranks
 from opdflow.driver.wiring import RunWiring
-from opdflow.runtime.checkpoint import Checkpoint, load_latest
-from opdflow.runtime.rundir import RunDir
-from opdflow.runtime.supervisor import LearnerLost, Link, StageFailed, diagnose
+from opdflow.record.checkpoint import Checkpoint, load_latest
+from opdflow.record.rundir import RunDir
 
 
 class Healer:
@@ -208,25 +208,3 @@ def _cancel(refs: Any) -> None:
     for ref in refs:
         with contextlib.suppress(Exception):
             ray.cancel(ref)
-
-
-def learner_losses(
-    events: list[dict[str, Any]], updates_per_hour: float, timed_steps: int
-) -> list[dict[str, Any]]:
-    """Each learner recovery of a run (its `learner_recovered` events) with what it cost:
-    `lost_s` (work thrown away + recovery), its share of the run's timed wall time, and
-    `updates_per_hour_lost`: the run's rate had those seconds not been spent, minus the rate
-    it had. `timed_steps`: the steps updates/hour counts."""
-    wall = 3600 * timed_steps / updates_per_hour if updates_per_hour > 0 else float("nan")
-    keep = ("from_step", "to_step", "replayed_steps", "recover_s", "group_s", "load_s",
-            "wasted_s", "ranks", "nodes", "workers_before", "workers_after")  # fmt: skip
-    out = []
-    for e in events:
-        if e.get("event") != "learner_recovered":
-            continue
-        lost_s = e["wasted_s"] + e["recover_s"]
-        without = 3600 * timed_steps / (wall - lost_s) if wall > lost_s else float("nan")
-        out.append({**{k: e.get(k) for k in keep}, "lost_s": lost_s,
-                    "lost_share": lost_s / wall if wall > 0 else float("nan"),
-                    "updates_per_hour_lost": without - updates_per_hour})  # fmt: skip
-    return out

@@ -25,9 +25,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from opdflow.cluster.placement import bundle
+from opdflow.cluster.supervisor import LearnerLost
 from opdflow.config import PipelineConfig
-from opdflow.runtime.placement import bundle
-from opdflow.runtime.supervisor import LearnerLost
 
 PING_S = 10.0
 """A rank that does not answer a ping within this many seconds (after a learner call

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from opdflow.cluster.placement import cpu_need
 from opdflow.config import PipelineConfig
 from opdflow.driver.wiring import RunInputs, checkpoint_root
 from opdflow.errors import ConfigError
-from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, load_latest
-from opdflow.runtime.placement import cpu_need
-from opdflow.runtime.rundir import RunDir, check_new, default_path, same_config
+from opdflow.record.checkpoint import Checkpoint, checkpoints_dir, load_latest
+from opdflow.record.rundir import RunDir, check_new, default_path, same_config
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class Session:
         session and `cfg` hold (cpu_need)."""
         if self.connected:
             return
-        from opdflow.runtime.cluster import connect
+        from opdflow.cluster.connection import connect
 
         need = max(self.need_cpus, cpu_need(cfg) if cfg is not None else 0.0)
         self.started = connect(need or None)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from opdflow.cluster.placement import cpu_need
 from opdflow.config import PipelineConfig
 from opdflow.core.policy import KToken, k_label
 from opdflow.driver.session import Session, Unwatched, Watch
-from opdflow.runtime.placement import cpu_need
 
 
 def run_sweep(

@@ -17,18 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opdflow.cluster.nodes import NodeWatch
+from opdflow.cluster.placement import Placement, grouped_actors
+from opdflow.cluster.supervisor import StageFailed
 from opdflow.config import PipelineConfig
 from opdflow.errors import ConfigError
-from opdflow.runtime import checkpoint
-from opdflow.runtime.checkpoint import Checkpoint
-from opdflow.runtime.nodes import NodeWatch
-from opdflow.runtime.placement import Placement, grouped_actors
-from opdflow.runtime.profiler import Profiler
-from opdflow.runtime.rundir import RunDir
-from opdflow.runtime.supervisor import StageFailed
-from opdflow.runtime.trackers import Trackers, check_trackers, open_trackers
-from opdflow.testbed.data import PromptSet, load_prompts
-from opdflow.testbed.models import ResolvedModels, resolve_models
+from opdflow.inputs.data import PromptSet, load_prompts
+from opdflow.inputs.models import ResolvedModels, resolve_models
+from opdflow.record import checkpoint
+from opdflow.record.checkpoint import Checkpoint
+from opdflow.record.profiler import Profiler
+from opdflow.record.rundir import RunDir
+from opdflow.record.trackers import Trackers, check_trackers, open_trackers
 
 
 def checkpoint_root(cfg: PipelineConfig, run_path: Path, resume: Checkpoint | None) -> Path:
@@ -62,8 +62,8 @@ class RunInputs:
         """Check the tracker settings and the vLLM version, resolve the student and teacher
         (built once if "tiny"), load the tokenizer and the prompts (every reference answer
         graded once): bad input is refused here, before a run directory, a sink or Ray."""
-        from opdflow.testbed.grader import make_grader
-        from opdflow.testbed.tokenizer import load_tokenizer
+        from opdflow.inputs.grader import make_grader
+        from opdflow.inputs.models import load_tokenizer
 
         check_trackers(cfg)
         if cfg.engine.kind == "vllm":
@@ -189,7 +189,7 @@ class RunWiring:
 
     def watch_nodes(self, actors: Callable[[], dict[str, Any]], pending: dict) -> NodeWatch:
         """Start recording where the stages run, nodes joining and lost, what a lost node
-        held and what the run waits for (runtime/nodes.py); the controller sets its
+        held and what the run waits for (cluster/nodes.py); the controller sets its
         `step`. Stopped by close()."""
         self.watch = NodeWatch(self.run, actors, pending, self.cfg.resources).start()
         return self.watch
@@ -247,7 +247,7 @@ class RunWiring:
     def export_final(self, step: int) -> Path:
         """The finished run's student as a Hugging Face checkpoint in RUN_DIR/final/ (from
         the checkpoint of `step`, just written; export.py)."""
-        from opdflow.runtime.export import export_checkpoint
+        from opdflow.record.export import export_checkpoint
 
         models, run = self.inputs.models, self.run
         out = export_checkpoint(

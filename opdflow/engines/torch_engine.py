@@ -47,7 +47,7 @@ class TorchEngine:
         recipe: str | Recipe = "bf16",
         device: str = "cpu",
     ):
-        from opdflow.testbed.models import load_model
+        from opdflow.inputs.models import load_model
 
         self.recipe = parse_recipe(recipe) if isinstance(recipe, str) else recipe
         self.model = load_model(model_path, "bfloat16", device)

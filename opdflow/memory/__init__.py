@@ -14,8 +14,8 @@ computed. shape.py reads a model's shape (its config.json, or the published conf
 student the shipped pipelines name); gpus.py is a GPU's memory by its name (an instance or
 accelerator type in a cluster file).
 
-May import: opdflow.config, opdflow.core, opdflow.compute, opdflow.runtime (FSDP wrapping,
-placement, cluster files), opdflow.testbed (the cache directory), opdflow.errors, numpy,
-and lazily torch, transformers and yaml. Imported by commands/ (validate), the benches and
-tests.
+May import: opdflow.config, opdflow.core, opdflow.errors, opdflow.compute (FSDP wrapping,
+scoring), opdflow.cluster (placement, cluster files), opdflow.weights (the transport),
+opdflow.testbed (the cache directory); lazily torch and transformers. Imported by
+commands/ (validate), the benches and tests.
 """

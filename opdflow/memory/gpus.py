@@ -89,7 +89,7 @@ def node_type_gpus(path: str | Path) -> dict[str, tuple[float, str] | None]:
     None where the file names no GPU the table knows."""
     import yaml
 
-    from opdflow.runtime.clusterfile import load_cluster_file
+    from opdflow.cluster.clusterfile import load_cluster_file
 
     cluster = load_cluster_file(path)  # checks the file; names its node types
     hints: dict[str, list[str]] = {t.name: _ray_accelerator(t.resources) for t in cluster.types}
@@ -114,7 +114,7 @@ def node_type_gpus(path: str | Path) -> dict[str, tuple[float, str] | None]:
 def placed_gpus(path: str | Path, where: dict[str, str]) -> Callable[[str], Any]:
     """An actor's GPU (GB, what) on the node a cluster-file placement put it on (`where`:
     actor -> node label, from clusterfile.fit_cluster_file); None where unknown."""
-    from opdflow.runtime.clusterfile import load_cluster_file
+    from opdflow.cluster.clusterfile import load_cluster_file
 
     kind = {label: t.name for t, label in load_cluster_file(path).typed_nodes()}
     memory = node_type_gpus(path)

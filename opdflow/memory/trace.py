@@ -1,7 +1,7 @@
 """Traced peaks: a learner step and a scoring prefill on fake tensors, measured by torch.
 
 No formula here: the student is built from its shape as the learner builds it (meta
-device, activation checkpointing, FSDP2 wrapping from runtime/fsdp.py over a fake process
+device, activation checkpointing, FSDP2 wrapping from compute/fsdp.py over a fake process
 group of the learner's world size), on FakeTensorMode's CPU device, which allocates
 nothing; then micro-batches of the planned size run through the project's own scoring
 code (compute/scoring.py: the hidden states, the chunked lm_head and its recomputing
@@ -116,7 +116,7 @@ def _student(shape: ModelShape, setting: StepSetting, mesh: object | None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from opdflow.runtime.fsdp import enable_activation_checkpointing, shard
+    from opdflow.compute.fsdp import enable_activation_checkpointing, shard
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(shape.hf_config(), dtype=torch.float32)

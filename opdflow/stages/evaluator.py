@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from opdflow.compute.device import stage_device
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
 from opdflow.engines.base import GenerationRequest, SamplingParams
-from opdflow.runtime.device import stage_device
-from opdflow.stages import StageActor, pin_threads
+from opdflow.stages.actor import StageActor, pin_threads
 from opdflow.testbed.task import correctness, decoded_responses
 from opdflow.weights.version import WeightsRef
 
@@ -52,9 +52,8 @@ class Evaluator:
         keep_texts: bool = False,
         max_model_len: int | None = None,
     ):
-        from opdflow.testbed.grader import make_grader
-        from opdflow.testbed.models import load_model
-        from opdflow.testbed.tokenizer import load_tokenizer
+        from opdflow.inputs.grader import make_grader
+        from opdflow.inputs.models import load_model, load_tokenizer
 
         self.device = stage_device(device)
         self.tok = load_tokenizer(tokenizer_path)

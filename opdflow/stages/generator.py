@@ -21,10 +21,10 @@ from typing import Any
 
 import ray
 
+from opdflow.cluster.supervisor import Link
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, merge_requests
-from opdflow.runtime.supervisor import Link
-from opdflow.stages import StageActor, pin_threads
+from opdflow.stages.actor import StageActor, pin_threads
 from opdflow.weights.version import WeightsRef
 
 
@@ -53,14 +53,14 @@ class GeneratorWorker(StageActor):
                 model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe, **(vllm_options or {})
             )
         else:
+            from opdflow.compute.device import stage_device
             from opdflow.engines.torch_engine import TorchEngine
-            from opdflow.runtime.device import stage_device
 
             self.engine = TorchEngine(model_path, pad_id, eos_id, recipe, str(stage_device()))
         self.tok = None  # with a tokenizer, batches carry the 0/1 correctness reward
         if tokenizer_path is not None:
-            from opdflow.testbed.grader import make_grader
-            from opdflow.testbed.tokenizer import load_tokenizer
+            from opdflow.inputs.grader import make_grader
+            from opdflow.inputs.models import load_tokenizer
 
             self.tok = load_tokenizer(tokenizer_path)
             self.grader = make_grader(grader, grader_timeout_s)

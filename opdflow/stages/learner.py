@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from opdflow.compute.device import PeakMemory, stage_device, tensor_bytes, to_host
+from opdflow.compute.fsdp import DistSpec
 from opdflow.compute.losses import (
     LossOptions,
     advantage,
@@ -36,9 +38,7 @@ from opdflow.config import TrainConfig
 from opdflow.core import microbatch
 from opdflow.core.mismatch import MismatchStats, engine_mismatch
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.checkpoint import LearnerSaves
-from opdflow.runtime.device import PeakMemory, stage_device, tensor_bytes, to_host
-from opdflow.runtime.fsdp import DistSpec
+from opdflow.record.checkpoint import LearnerSaves
 from opdflow.weights.cast import BF16Cast, bf16_entries, write_bf16
 from opdflow.weights.memory import WeightMemory
 from opdflow.weights.version import PackedWeights, allocate
@@ -83,7 +83,7 @@ class Learner:
         torch.manual_seed(seed)
         self.train_cfg = train
         if self.sharded:
-            from opdflow.runtime.fsdp import build_sharded, init_process_group
+            from opdflow.compute.fsdp import build_sharded, init_process_group
 
             init_process_group(self.device, dist)
             self.model = build_sharded(
@@ -91,8 +91,8 @@ class Learner:
                 train.activation_checkpointing,
             )  # fmt: skip
         else:
-            from opdflow.runtime.fsdp import enable_activation_checkpointing
-            from opdflow.testbed.models import load_model
+            from opdflow.compute.fsdp import enable_activation_checkpointing
+            from opdflow.inputs.models import load_model
 
             self.model = load_model(model_path, "float32", str(self.device)).train()
             if train.activation_checkpointing:
@@ -356,7 +356,7 @@ class Learner:
 
     def load_checkpoint(self, ckpt_dir: str, step: int) -> None:
         """Every rank reads its shards, from a checkpoint of any number of workers."""
-        from opdflow.runtime.checkpoint import load_learner
+        from opdflow.record.checkpoint import load_learner
 
         self.cast.settle()  # a running cast reads the weights this overwrites
         load_learner(self.model, self.opt, Path(ckpt_dir))

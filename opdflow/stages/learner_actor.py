@@ -25,7 +25,7 @@ import ray
 
 from opdflow.config import LearnerResources, TrainConfig
 from opdflow.core.rollout import RolloutBatch
-from opdflow.stages import StageActor, pin_threads
+from opdflow.stages.actor import StageActor, pin_threads
 from opdflow.weights.transport import ObjectStore, Transport
 from opdflow.weights.version import WeightsRef
 
@@ -70,7 +70,7 @@ class LearnerActor(StageActor):
         store); `peer_options`: the Ray options rank 0 starts each other rank with;
         `timeline`: the learner group's number in the run (0, then one more each time the
         learner heals), carried by every version it publishes (WeightsRef.timeline)."""
-        from opdflow.runtime.fsdp import DistSpec, free_port
+        from opdflow.compute.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
         res = resources or LearnerResources()
@@ -91,7 +91,7 @@ class LearnerActor(StageActor):
                 ]
             dist = DistSpec(rank, res.workers, str(rendezvous), ray.util.get_node_ip_address())
         if self.peers:  # a rank that fails to start ends rank 0's wait with its own error
-            from opdflow.runtime.startup import build_watching
+            from opdflow.cluster.startup import build_watching
 
             starts = {f"learner rank {r}": p.pid.remote() for r, p in enumerate(self.peers, 1)}
             self.learner = build_watching(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from opdflow.compute.device import stage_device
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.core.rollout import RolloutBatch, concat
-from opdflow.runtime.device import stage_device
-from opdflow.stages import StageActor, pin_threads
+from opdflow.stages.actor import StageActor, pin_threads
 from opdflow.weights.version import WeightsRef
 
 
@@ -27,7 +27,7 @@ class Rescorer:
         micro_batch_tokens: int = 0,
         device: str | None = None,
     ):
-        from opdflow.testbed.models import load_model
+        from opdflow.inputs.models import load_model
 
         self.device = stage_device(device)
         self.model = load_model(model_path, "bfloat16", str(self.device))

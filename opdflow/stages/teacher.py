@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from opdflow.compute.device import stage_device
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.device import stage_device
-from opdflow.stages import StageActor, pin_threads
+from opdflow.stages.actor import StageActor, pin_threads
 
 
 class TeacherScorer:
@@ -23,7 +23,7 @@ class TeacherScorer:
         micro_batch_tokens: int = 0,
         device: str | None = None,
     ):
-        from opdflow.testbed.models import load_model
+        from opdflow.inputs.models import load_model
 
         self.device = stage_device(device)
         self.model = load_model(model_path, "bfloat16", str(self.device))

@@ -30,14 +30,3 @@ def build_char_tokenizer(alphabet: str, out_dir: Path):
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_dir)
     return fast
-
-
-def load_tokenizer(path: str | Path):
-    """AutoTokenizer from a local directory, left padding, a pad token guaranteed."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok

@@ -14,7 +14,7 @@ segment.py (a version shared with a vLLM engine's tensor-parallel worker process
 store.py (the driver's live versions and the k_max + 2 bound). docs/WEIGHTS.md explains
 the design.
 
-May import: opdflow.config, opdflow.errors, numpy, torch and ray (lazily where a module
-needs no more). Imported by stages/, engines/ (lazily), driver/ and the benches; never
-imports them, nor opdflow.runtime.
+May import: opdflow.config, opdflow.errors, opdflow.compute (the node's interface for
+pairs); numpy, and torch and ray lazily where a module needs no more. Imported by memory/,
+engines/ (lazily), stages/, driver/ and the benches.
 """

@@ -40,7 +40,7 @@ def pair_group(
     import torch
     import torch.distributed as dist
 
-    from opdflow.runtime.interfaces import bind_sockets
+    from opdflow.compute.interfaces import bind_sockets
 
     bind_sockets(backend, host)  # NCCL's bootstrap too binds the interface holding `host`
     if backend == "nccl":  # written for GPUs, not yet run on one

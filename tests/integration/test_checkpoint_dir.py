@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support.processes import stop_group
 
-from opdflow.runtime.cluster import LOOPBACK_ENV, connect
+from opdflow.cluster.connection import LOOPBACK_ENV, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,7 +123,7 @@ def _cfg(checkpoint_dir: Path):
 def test_a_learner_that_cannot_see_the_checkpoint_dir_is_refused(hidden_from_actors, tmp_path):
     from opdflow.driver.controller import run_pipeline
     from opdflow.errors import ConfigError
-    from opdflow.runtime.rundir import RunDir
+    from opdflow.record.rundir import RunDir
 
     blind = _cfg(hidden_from_actors / "checkpoints")
     with pytest.raises(ConfigError) as refused:

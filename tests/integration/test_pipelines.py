@@ -43,7 +43,7 @@ def assert_run_shows(cfg, summary: dict, path: Path) -> None:
     same prompts at version 0 and at the end. Not that KL falls: three steps of a
     pipeline's own learning rate need not move it."""
     from opdflow.core.policy import make_policy
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     steps, policy = cfg.train.steps, make_policy(cfg.staleness)
     rows = read_table(path / "metrics.parquet")
@@ -70,7 +70,7 @@ def cluster():
     """One embedded cluster for every pipeline (as `opdflow run` starts), stopped after."""
     import ray
 
-    from opdflow.runtime.cluster import connect
+    from opdflow.cluster.connection import connect
 
     connect()
     yield
@@ -80,7 +80,7 @@ def cluster():
 @pytest.mark.parametrize("spec", RUNNABLE, ids=lambda s: Path(s).name)
 def test_pipeline_runs_tiny(spec, tmp_path, tiny, cluster):
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir
+    from opdflow.record.rundir import RunDir
 
     overrides = ["train.steps=3", "eval.every=3", "eval.prompts=8"]
     if load_pipeline(spec).models.tiny.student == "carry_blind":
@@ -108,8 +108,8 @@ def test_the_gpu_pipeline_runs_its_code_path_on_cpu(tiny, tmp_path, cluster):
     import json
 
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir
-    from opdflow.runtime.rundir import RunDir, read_table
+    from opdflow.record.checkpoint import Checkpoint, checkpoints_dir
+    from opdflow.record.rundir import RunDir, read_table
 
     cpu = "num_gpus=0", "num_cpus=0.25", "torch_threads=1"
     overrides = [

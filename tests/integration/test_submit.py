@@ -4,7 +4,7 @@ The cluster is this test's own: `ray start --head --block` in its own process gr
 free ports, with a private temp dir, stopped by killing that group (never `ray stop`,
 which would stop every Ray process on the machine). It runs without authentication, so
 it must be loopback only: `--node-ip-address 127.0.0.1` alone is not (Ray 2.60 replaces
-it with the interface address), runtime.cluster.LOOPBACK_ENV makes it so, and a test reads the
+it with the interface address), cluster.connection.LOOPBACK_ENV makes it so, and a test reads the
 bound sockets of the group's processes to check.
 """
 
@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from support.processes import stop_group
 
 from opdflow.cli import main
-from opdflow.runtime.cluster import LOOPBACK_ENV
+from opdflow.cluster.connection import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = str(ROOT / "pipelines" / "tiny_cpu.py:short_answers")

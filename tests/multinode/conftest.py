@@ -32,7 +32,7 @@ def single_node_demo(tmp_path_factory, tiny) -> list[dict]:
     loopback cluster, both learner ranks there."""
     if (why := why_not()) is not None:
         pytest.skip(f"no namespaced cluster: {why}")
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     out = tmp_path_factory.mktemp("single") / "run"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -26,7 +26,7 @@ from support.netcluster import (
     wait_for_step,
 )
 
-from opdflow.runtime.rundir import read_table
+from opdflow.record.rundir import read_table
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from support.netcluster import why_not
 from support.processes import stop_group
 from support.replay import assert_replayed
 
-from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
-from opdflow.runtime.rundir import read_table
+from opdflow.record.checkpoint import checkpoints_dir, load_latest
+from opdflow.record.rundir import read_table
 
 pytestmark = pytest.mark.slow
 

@@ -70,7 +70,7 @@ def test_process_groups_on_a_node_bind_its_address_not_the_hostnames(netcluster)
 
     node = netcluster.nodes[1]
     code = (
-        "import json, socket; from opdflow.runtime.interfaces import socket_env; "
+        "import json, socket; from opdflow.compute.interfaces import socket_env; "
         f"print(json.dumps([socket.gethostbyname(socket.gethostname()), "
         f"socket_env('gloo', '{node.ip}'), socket_env('nccl', '{node.ip}')]))"
     )

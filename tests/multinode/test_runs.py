@@ -19,7 +19,7 @@ from support.netcluster import (
     submit,
 )
 
-from opdflow.runtime.rundir import read_table
+from opdflow.record.rundir import read_table
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ def ray_local(_ray_session):
     if an earlier test shut it down)."""
     import ray
 
-    from opdflow.runtime.cluster import connect
+    from opdflow.cluster.connection import connect
 
     connect(num_cpus=4)  # logical CPUs: tests run up to 2 generators + learner at 1 CPU each
     return ray
@@ -29,11 +29,11 @@ K0_STEPS = 30
 def k0_run(tmp_path_factory, _ray_session, tiny):
     """A 30-step synchronous (k = 0) tiny run, shared by the tests that only read it:
     (summary, metrics rows, RunDir)."""
+    from opdflow.cluster.connection import connect
     from opdflow.config import PipelineConfig
     from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.cluster import connect
-    from opdflow.runtime.rundir import RunDir, read_table
+    from opdflow.record.rundir import RunDir, read_table
 
     connect(num_cpus=4)
     cfg = apply_overrides(

@@ -72,7 +72,7 @@ import ray
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.record.rundir import RunDir, read_table
 
 def rollout_nodes():
     return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("rollout", 0) > 0)
@@ -118,7 +118,7 @@ def _listening(port: int) -> bool:
 
 @pytest.mark.slow
 def test_rollout_nodes_scale_up_and_down_within_one_run(tiny, tmp_path):
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     port = _free_port()
     config = tmp_path / "autoscale.json"

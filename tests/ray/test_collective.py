@@ -10,7 +10,7 @@ import ray
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.record.rundir import RunDir, read_table
 
 STEPS = 4
 SAME = (

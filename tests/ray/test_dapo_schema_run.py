@@ -55,7 +55,7 @@ def dapo_run(tmp_path_factory, ray_local, tiny):
     from opdflow.config import PipelineConfig
     from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir
+    from opdflow.record.rundir import RunDir
 
     d = tmp_path_factory.mktemp("dapo")
     _dapo_parquet(tiny.train, d / "train.parquet", equivalent=False)
@@ -86,7 +86,7 @@ def dapo_run(tmp_path_factory, ray_local, tiny):
 def test_heldout_accuracy_agrees_with_an_independent_grading(dapo_run):
     from math_verify import parse, verify
 
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
     from opdflow.testbed.task import is_correct
 
     summary, run = dapo_run
@@ -111,9 +111,9 @@ def test_heldout_accuracy_agrees_with_an_independent_grading(dapo_run):
 def test_both_generator_restarts_are_in_events_metrics_and_summary(dapo_run):
     from rich.console import Console
 
+    from opdflow.cluster.restarts import RESTART_FLAG_SHARE
     from opdflow.commands.console import print_summary
-    from opdflow.runtime.restarts import RESTART_FLAG_SHARE
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     summary, run = dapo_run
     restarts = [e for e in run.events() if e["event"] == "restart"]

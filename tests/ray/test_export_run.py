@@ -18,8 +18,8 @@ def test_final_and_export_give_the_final_learner_weights_logits(k0_run, tmp_path
     from transformers import AutoModelForCausalLM
 
     from opdflow.cli import main
-    from opdflow.runtime.checkpoint import checkpoints_dir, read_state
-    from opdflow.testbed.tokenizer import load_tokenizer
+    from opdflow.inputs.models import load_tokenizer
+    from opdflow.record.checkpoint import checkpoints_dir, read_state
 
     _, metrics, run = k0_run
     final = run.path / "final"

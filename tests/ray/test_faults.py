@@ -9,11 +9,11 @@ import signal
 import pytest
 import ray
 
+from opdflow.cluster.supervisor import StageFailed
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir, read_table
-from opdflow.runtime.supervisor import StageFailed
+from opdflow.record.rundir import RunDir, read_table
 
 STEPS = 10
 

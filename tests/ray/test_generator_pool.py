@@ -17,7 +17,7 @@ from opdflow.stages.generator import GeneratorPool, GeneratorWorker
 
 @pytest.fixture(scope="module")
 def rollout_cluster():
-    from opdflow.runtime.cluster import QUIET_ENV
+    from opdflow.cluster.connection import QUIET_ENV
 
     if ray.is_initialized():
         ray.shutdown()
@@ -55,7 +55,7 @@ def make_worker(rollout_cluster, tiny, tokenizer):
 
 @pytest.fixture(scope="module")
 def weights(rollout_cluster, tiny):
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
     from opdflow.weights.transport import put_version
     from opdflow.weights.version import pack
 
@@ -170,7 +170,7 @@ def test_a_retiring_replica_finishes_its_work(make_worker, weights, tokenizer, p
 
 
 def test_new_replica_fetches_the_current_version(make_worker, tiny, tokenizer, pools):
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
     from opdflow.weights.transport import put_version
     from opdflow.weights.version import pack
 
@@ -194,7 +194,7 @@ def test_pipeline_adds_the_replica_its_scheduler_asks_for_and_trains_every_step_
     from opdflow.config import PipelineConfig
     from opdflow.config.overrides import apply_overrides
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir, read_table
+    from opdflow.record.rundir import RunDir, read_table
 
     steps = 12
     cfg = apply_overrides(

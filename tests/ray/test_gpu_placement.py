@@ -3,7 +3,7 @@
 ray.cluster_utils.Cluster starts two raylets on loopback that advertise 4 logical GPUs
 and 72 CPUs each (no GPU needed: Ray schedules logical resources). Placement.reserve, the
 code every run reserves its groups with (driver.wiring.reserve_placement), must place each
-pipeline's groups, and opdflow.runtime.placement.fit must agree with Ray on which stages
+pipeline's groups, and opdflow.cluster.placement.fit must agree with Ray on which stages
 share a node; half the cluster must not hold them.
 """
 
@@ -14,8 +14,8 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util import placement_group, placement_group_table, remove_placement_group
 
+from opdflow.cluster.placement import Placement, bundle, fit, grouped_actors, parse_cluster
 from opdflow.config.loader import load_pipeline
-from opdflow.runtime.placement import Placement, bundle, fit, grouped_actors, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"
 NODE = {"num_cpus": 72, "num_gpus": 4, "node_ip_address": "127.0.0.1"}

@@ -14,12 +14,12 @@ import pytest
 import ray
 from support.replay import assert_replayed
 
+from opdflow.cluster.supervisor import StageFailed
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
-from opdflow.runtime.rundir import RunDir, read_table
-from opdflow.runtime.supervisor import StageFailed
+from opdflow.record.checkpoint import checkpoints_dir, load_latest
+from opdflow.record.rundir import RunDir, read_table
 
 STEPS = 20
 
@@ -152,8 +152,8 @@ def test_a_consumer_fetches_a_new_timelines_version_of_the_same_number(ray_local
 
     import torch
 
+    from opdflow.inputs.models import load_model
     from opdflow.stages.generator import GeneratorWorker
-    from opdflow.testbed.models import load_model
     from opdflow.weights.transport import put_version
     from opdflow.weights.version import pack
 

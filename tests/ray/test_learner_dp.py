@@ -17,10 +17,10 @@ from opdflow.compute.scoring import token_logprobs
 from opdflow.config import LearnerResources, PipelineConfig, TrainConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.checkpoint import Checkpoint, checkpoints_dir, read_state
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.inputs.models import load_model
+from opdflow.record.checkpoint import Checkpoint, checkpoints_dir, read_state
+from opdflow.record.rundir import RunDir, read_table
 from opdflow.stages.learner_actor import learner_class
-from opdflow.testbed.models import load_model
 from opdflow.weights.fetcher import fetch_state
 
 SAME = ("loss", "train_kl", "grad_norm", "entropy", "d_stale_k1", "d_stale_k3", "d_total_k1")

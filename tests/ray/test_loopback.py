@@ -1,9 +1,9 @@
 """The embedded cluster is loopback only: node address and every bound socket on 127.0.0.1.
 
-`opdflow.runtime.cluster.connect()` runs in a child Python (its own process group, its own Ray
+`opdflow.cluster.connection.connect()` runs in a child Python (its own process group, its own Ray
 cluster, stopped by this test through that group, never `ray stop`), which reports the
 node address Ray registered and the sockets its process tree (driver, GCS, raylet,
-agents, workers) listens on and is connected to. Without runtime.cluster.LOOPBACK_ENV, Ray
+agents, workers) listens on and is connected to. Without cluster.connection.LOOPBACK_ENV, Ray
 2.60 registers the node at the interface address and binds GCS, raylet and workers to
 all interfaces. The test only reads socket tables; it connects to nothing.
 """
@@ -25,7 +25,7 @@ CHILD = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
 import ray
-from opdflow.runtime.cluster import connect
+from opdflow.cluster.connection import connect
 from support.sockets import sockets
 
 assert connect(1), "expected to start a local cluster"

@@ -7,7 +7,7 @@ import pytest
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.record.rundir import RunDir, read_table
 
 
 def _run(tmp_path, k, steps, extra=()):
@@ -64,7 +64,7 @@ def test_the_run_trained_what_the_launch_rule_says(runs, k):
 
 @pytest.mark.parametrize("k", [0, 2])
 def test_old_weight_versions_are_released(runs, k, tiny):
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
     from opdflow.weights.version import pack
 
     summary, metrics, _ = runs[k]

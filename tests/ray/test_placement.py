@@ -4,11 +4,11 @@ import pytest
 import ray
 from ray.util import placement_group_table
 
+from opdflow.cluster.supervisor import StageFailed
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir
-from opdflow.runtime.supervisor import StageFailed
+from opdflow.record.rundir import RunDir
 
 
 def _cfg(*extra: str) -> PipelineConfig:

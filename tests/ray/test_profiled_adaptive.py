@@ -8,8 +8,8 @@ import pytest
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.profiler import STAGES
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.record.profiler import STAGES
+from opdflow.record.rundir import RunDir, read_table
 
 STEPS, K_MAX = 16, 2
 

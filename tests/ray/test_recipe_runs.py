@@ -5,7 +5,7 @@ import math
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.record.rundir import RunDir, read_table
 
 
 def _mean_d_engine(tmp_path, recipe: str) -> float:

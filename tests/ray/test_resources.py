@@ -9,7 +9,7 @@ from ray._private.internal_api import memory_summary
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.rundir import RunDir, read_table
+from opdflow.record.rundir import RunDir, read_table
 
 
 def _referenced_bytes() -> float:
@@ -21,7 +21,7 @@ def _referenced_bytes() -> float:
 
 @pytest.mark.slow
 def test_200_steps_keep_live_versions_and_object_store_bounded(tmp_path, ray_local, tiny):
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
     from opdflow.weights.version import pack
 
     k = 2

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from opdflow.cluster.supervisor import StopRequested
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.controller import run_pipeline
-from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
-from opdflow.runtime.rundir import RunDir, read_table
-from opdflow.runtime.supervisor import StopRequested
+from opdflow.record.checkpoint import checkpoints_dir, load_latest
+from opdflow.record.rundir import RunDir, read_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DETERMINISTIC = (

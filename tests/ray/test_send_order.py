@@ -16,9 +16,9 @@ from support.batches import sampled_batch
 
 from opdflow.compute.scoring import token_logprobs
 from opdflow.config import LearnerResources, TrainConfig
+from opdflow.inputs.models import load_model
 from opdflow.stages.learner_actor import learner_class
 from opdflow.stages.rescorer import RescorerActor
-from opdflow.testbed.models import load_model
 from opdflow.weights.transport import Collective
 
 STEPS = 12

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from opdflow.analysis.simulator import SATURATED_WAIT_SHARE, SimConfig, simulate
 from opdflow.analysis.stage_times import StageTimes
-from opdflow.runtime.rundir import read_table
+from opdflow.record.rundir import read_table
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from opdflow.cli import main
-from opdflow.runtime.rundir import read_table
+from opdflow.record.rundir import read_table
 
 TINY = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py:short_answers")
 

@@ -9,9 +9,9 @@ from support.tracker_readers import mlflow_run, tensorboard_run, wandb_offline_r
 
 from opdflow.analysis.report import write_report
 from opdflow.cli import main
-from opdflow.runtime.profiler import STEP_COLUMNS
-from opdflow.runtime.rundir import read_table
-from opdflow.runtime.trackers import scalars
+from opdflow.record.profiler import STEP_COLUMNS
+from opdflow.record.rundir import read_table
+from opdflow.record.trackers import scalars
 
 STEPS = 3
 

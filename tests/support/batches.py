@@ -8,7 +8,7 @@ def sampled_batch(tiny, tokenizer, prompts: int, n: int, max_new_tokens: int, se
     tiny student's TorchEngine (a RolloutBatch with the engine's logprobs only)."""
     from opdflow.engines.base import GenerationRequest, SamplingParams
     from opdflow.engines.torch_engine import TorchEngine
-    from opdflow.testbed.data import load_prompts
+    from opdflow.inputs.data import load_prompts
 
     p = load_prompts(tiny.train, tokenizer, limit=prompts)
     engine = TorchEngine(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)

@@ -137,7 +137,7 @@ def job_status(cluster: NetCluster, job_id: str, timeout_s: float = 900.0) -> st
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600.0) -> int:
     """Until the run in `run_dir` (on the shared storage) has trained `step`; the steps
     trained by then."""
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     deadline = time.time() + timeout_s
     while time.time() < deadline:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
-from opdflow.runtime.rundir import RunDir
+from opdflow.record.rundir import RunDir
 
 
 def _write_spans(path: Path, rows: list[dict]) -> None:

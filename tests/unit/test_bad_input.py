@@ -16,8 +16,8 @@ from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.session import open_resume
 from opdflow.errors import ConfigError
-from opdflow.runtime.rundir import RunDir
-from opdflow.testbed.models import resolve_models
+from opdflow.inputs.models import resolve_models
+from opdflow.record.rundir import RunDir
 
 
 @pytest.mark.parametrize(
@@ -249,7 +249,7 @@ def test_cli_refuses_an_mlflow_file_store(tmp_path, tiny, monkeypatch):
 
 
 def test_mlflow_defaults_to_sqlite_in_the_run_directory(tmp_path, monkeypatch):
-    from opdflow.runtime.trackers import mlflow_tracking_uri
+    from opdflow.record.trackers import mlflow_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = PipelineConfig()
@@ -285,13 +285,13 @@ def test_vllm_version_floor(version, ok):
 
 
 def test_cli_run_refuses_an_old_or_missing_vllm_before_anything_starts(tmp_path, monkeypatch):
+    import opdflow.cluster.connection
     import opdflow.engines.vllm_version as vllm_version
-    import opdflow.runtime.cluster
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started")
 
-    monkeypatch.setattr(opdflow.runtime.cluster, "connect", no_ray)
+    monkeypatch.setattr(opdflow.cluster.connection, "connect", no_ray)
     out_dir = tmp_path / "run"
     args = ["run", "pipelines/tiny_cpu.py", "--set", "engine.kind=vllm", "--run-dir", str(out_dir)]
     monkeypatch.setattr(vllm_version, "installed_vllm", lambda: "0.10.2")

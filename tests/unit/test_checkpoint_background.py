@@ -21,7 +21,7 @@ def _moved(learner, scale: float) -> None:
 
 
 def test_a_background_save_holds_the_state_it_was_asked_for(tmp_path, tiny):
-    from opdflow.runtime.checkpoint import read_state
+    from opdflow.record.checkpoint import read_state
     from opdflow.stages.learner import Learner
 
     learner = Learner(str(tiny.student), TrainConfig())

@@ -1,5 +1,5 @@
 """The learner's random state in checkpoints: the CPU generator's always, the CUDA
-generators' on a GPU learner, and what a resume does with each (runtime/checkpoint.py).
+generators' on a GPU learner, and what a resume does with each (record/checkpoint.py).
 
 On CPU: a saved and reloaded learner draws the numbers the uninterrupted one would, a CPU
 learner's checkpoint holds no CUDA state, and one that holds it (a GPU run's) resumes on a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opdflow.runtime import checkpoint
+from opdflow.record import checkpoint
 
 
 def _learner(device: str = "cpu"):

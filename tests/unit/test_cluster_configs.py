@@ -145,8 +145,8 @@ def _meant_for(spec: str, cluster: str) -> bool:
 
 @pytest.mark.parametrize("cluster", [p.name for p in sorted(CLUSTER.glob("*.yaml"))])
 def test_every_shipped_pipeline_fits_every_cluster_file_meant_for_it(cluster):
+    from opdflow.cluster.clusterfile import fit_cluster_file, load_cluster_file
     from opdflow.config.loader import load_pipeline
-    from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
     cf = load_cluster_file(CLUSTER / cluster)
     specs = [s for s in _pipeline_specs() if _meant_for(s, cluster)]
@@ -167,9 +167,9 @@ def test_every_shipped_pipeline_fits_every_cluster_file_meant_for_it(cluster):
 def test_dapo_math_places_on_the_aws_file_as_its_header_says():
     """The paper's 8 GPUs on the learner_teacher node; replicas beyond them on rollout nodes,
     one each, up to the file's max_workers."""
+    from opdflow.cluster.clusterfile import fit_cluster_file, load_cluster_file
     from opdflow.config.loader import load_pipeline
     from opdflow.errors import ConfigError
-    from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
     cf = load_cluster_file(CLUSTER / "aws-gpu.yaml")
     where = fit_cluster_file(load_pipeline(f"{PIPELINES}/dapo_math.py:student_7b"), cf)
@@ -243,9 +243,9 @@ def test_a_cluster_file_whose_nodes_are_too_small_is_refused_naming_stage_ask_an
     ],
 )
 def test_what_a_cluster_file_must_state_and_allow(tmp_path, edit, match):
+    from opdflow.cluster.clusterfile import fit_cluster_file, load_cluster_file
     from opdflow.config.loader import load_pipeline
     from opdflow.errors import ConfigError
-    from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
 
     cfg = load_pipeline(
         f"{PIPELINES}/tiny_cpu.py", ['resources.generator.resources={"rollout": 1}']
@@ -255,8 +255,8 @@ def test_what_a_cluster_file_must_state_and_allow(tmp_path, edit, match):
 
 
 def test_local_and_kuberay_files_read_their_ray_start_resources(tmp_path):
+    from opdflow.cluster.clusterfile import load_cluster_file
     from opdflow.errors import ConfigError
-    from opdflow.runtime.clusterfile import load_cluster_file
 
     local = load_cluster_file(CLUSTER / "local-onprem.yaml")
     nodes, names = local.nodes()

@@ -121,7 +121,7 @@ def test_pipeline_variant_and_overrides(tmp_path):
 def test_same_config_ignores_fields_added_since_at_their_defaults(tmp_path):
     import json
 
-    from opdflow.runtime.rundir import same_config
+    from opdflow.record.rundir import same_config
 
     cfg = PipelineConfig()
     old = cfg.to_dict()

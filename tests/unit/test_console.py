@@ -98,10 +98,10 @@ def test_summarize_reads_accuracy_from_heldout_rows_when_the_task_has_answers(tm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from opdflow.analysis.summary import summarize
     from opdflow.config import PipelineConfig
     from opdflow.config.overrides import apply_overrides
-    from opdflow.driver.controller import summarize
-    from opdflow.runtime.rundir import RunDir
+    from opdflow.record.rundir import RunDir
 
     def run_with(heldout: str, name: str) -> dict:
         cfg = apply_overrides(PipelineConfig(name=name), [f"data.heldout={heldout}"])

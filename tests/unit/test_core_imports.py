@@ -215,17 +215,17 @@ def later():
     assert _circle_through(ring, {"a", "b", "c"}) == ["a", "b", "a"]
     assert _tangles({"a": {"b"}, "b": set()}) == []
     uses = """
-import opdflow.runtime.checkpoint
+import opdflow.record.checkpoint
 from opdflow.commands import quality as q
 from opdflow.commands.quality import _dur, __doc__
 
 def f():
-    return q._quiet, opdflow.runtime.checkpoint._single_process_quiet, q.__name__
+    return q._quiet, opdflow.record.checkpoint._single_process_quiet, q.__name__
 """
     assert _private_uses("opdflow.commands.study", uses) == [
         "opdflow.commands.study:4 imports opdflow.commands.quality._dur",
         "opdflow.commands.study:7 uses opdflow.commands.quality._quiet",
-        "opdflow.commands.study:7 uses opdflow.runtime.checkpoint._single_process_quiet",
+        "opdflow.commands.study:7 uses opdflow.record.checkpoint._single_process_quiet",
     ]
 
 
@@ -264,3 +264,69 @@ def _private_uses(module: str, source: str) -> list[str]:
 def test_no_module_imports_a_private_name_from_another():
     found = [use for m, path in MODULES.items() for use in _private_uses(m, path.read_text())]
     assert not found, "private names used across modules: " + "; ".join(found)
+
+
+def _folder_rule(init: Path) -> tuple[set[str], set[str]]:
+    """The opdflow folders and the heavy libraries a folder's `__init__` docstring says its
+    modules may import: the paragraph from "May import:" up to "Imported by" (or its
+    end)."""
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    if "May import:" not in doc:
+        return set(), set()
+    rule = doc.split("May import:", 1)[1].split("Imported by", 1)[0].split("\n\n", 1)[0]
+    folders = {m.split(".")[1] for m in rule.replace(",", " ").split() if m.startswith("opdflow.")}
+    return {f.strip(".;()") for f in folders}, {h for h in HEAVY if h in rule}
+
+
+FOLDERS = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+
+
+def _violations(folder: str) -> list[str]:
+    allowed, heavy = _folder_rule(PACKAGE / folder / "__init__.py")
+    out = []
+    for module, path in MODULES.items():
+        if module.split(".")[1:2] != [folder] or path.parent != PACKAGE / folder:
+            continue
+        for line, base, name, _ in _imports(module):
+            root, *rest = base.split(".")
+            if root == "opdflow":
+                target = _resolve(f"{base}.{name}" if name else base) or base
+                parts = target.split(".")
+                other = parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else None
+                if other and other != folder and other not in allowed:
+                    out.append(
+                        f"{path.relative_to(REPO)}:{line} imports {target} (opdflow.{other})"
+                    )
+            elif root in HEAVY and root not in heavy:
+                out.append(f"{path.relative_to(REPO)}:{line} imports {base} ({root})")
+    return out
+
+
+def test_every_folder_states_what_it_may_import():
+    """Each folder's __init__ docstring has a "May import:" paragraph (what the next test
+    holds its modules to)."""
+    missing = [f for f in FOLDERS if not _folder_rule(PACKAGE / f / "__init__.py")[0]]
+    assert not missing, f"folders without a 'May import: opdflow....' line: {missing}"
+
+
+def test_every_folder_imports_only_what_its_rule_allows():
+    """Every import in a folder's modules (top level, in functions, under TYPE_CHECKING) of
+    another opdflow folder, or of torch, ray, transformers or vllm, is named by the folder's
+    "May import:" line; a violation names the file and line."""
+    found = [v for folder in FOLDERS for v in _violations(folder)]
+    assert not found, "imports outside their folder's 'May import' rule:\n" + "\n".join(found)
+
+
+def test_the_folder_rule_reader_finds_a_violation(tmp_path):
+    """The reader parses a rule and flags an import the rule leaves out."""
+    init = tmp_path / "__init__.py"
+    init.write_text('"""X.\n\nMay import: opdflow.core, opdflow.config; torch. Imported by y."""\n')
+    assert _folder_rule(init) == ({"core", "config"}, {"torch"})
+    assert "driver" not in _folder_rule(init)[0]
+
+
+def test_no_module_is_over_400_lines():
+    """A module that grows past 400 lines has grown a second noun: split it."""
+    long = {str(p.relative_to(REPO)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > 400}  # fmt: skip
+    assert not long, long

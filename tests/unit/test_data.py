@@ -3,7 +3,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from opdflow.errors import ConfigError
-from opdflow.testbed.data import PromptSampler, load_prompts
+from opdflow.inputs.data import PromptSampler, load_prompts
 
 
 def test_plain_prompt_column_with_answers(tmp_path, tokenizer):

@@ -19,7 +19,7 @@ V = 16_000
 CHILD = r"""
 import json, sys
 import numpy as np, torch
-from opdflow.runtime.device import peak_memory_gb, reset_peak_memory
+from opdflow.compute.device import peak_memory_gb, reset_peak_memory
 from opdflow.stages.evaluator import Evaluator
 
 root, prompts, batch_prompts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

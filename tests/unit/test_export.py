@@ -19,8 +19,8 @@ from opdflow.errors import ConfigError
 def run_dir(tmp_path_factory, tiny):
     """A run directory with one committed learner checkpoint (step 3) of the tiny student
     moved off its starting weights."""
-    from opdflow.runtime import checkpoint
-    from opdflow.runtime.rundir import RunDir
+    from opdflow.record import checkpoint
+    from opdflow.record.rundir import RunDir
     from opdflow.stages.learner import Learner
 
     run = RunDir.create(PipelineConfig(name="export"), tmp_path_factory.mktemp("e") / "run")
@@ -39,7 +39,7 @@ def test_export_is_the_checkpoint_in_bf16_and_loads_with_transformers(run_dir, t
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from opdflow.cli import main
-    from opdflow.runtime.checkpoint import read_state
+    from opdflow.record.checkpoint import read_state
 
     res = CliRunner().invoke(main, ["export", str(run_dir), "--out", str(tmp_path / "hf")])
     assert res.exit_code == 0, res.output
@@ -61,7 +61,7 @@ def test_large_models_are_sharded_and_read_a_few_tensors_at_a_time(run_dir, tmp_
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
 
-    from opdflow.runtime.export import export_checkpoint
+    from opdflow.record.export import export_checkpoint
 
     reads: list[int] = []
     load = dcp.load
@@ -71,7 +71,7 @@ def test_large_models_are_sharded_and_read_a_few_tensors_at_a_time(run_dir, tmp_
         return load(state, **kw)
 
     monkeypatch.setattr(dcp, "load", counting)
-    from opdflow.runtime.export import student_paths
+    from opdflow.record.export import student_paths
 
     student, tokenizer = student_paths(PipelineConfig())
     out = export_checkpoint(
@@ -92,7 +92,7 @@ def test_large_models_are_sharded_and_read_a_few_tensors_at_a_time(run_dir, tmp_
 
 
 def test_refusals_name_what_is_missing(run_dir, tmp_path):
-    from opdflow.runtime.export import export_run
+    from opdflow.record.export import export_run
 
     with pytest.raises(ConfigError, match=r"is not a run directory: no config.json"):
         export_run(tmp_path, tmp_path / "out")

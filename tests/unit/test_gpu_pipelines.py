@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from opdflow.cluster.placement import fit, parse_cluster
 from opdflow.config.loader import load_pipeline, pipeline_functions
 from opdflow.errors import ConfigError
-from opdflow.runtime.placement import fit, parse_cluster
 
 FILE = Path(__file__).resolve().parents[2] / "pipelines" / "dapo_math.py"
 SPECS = [f"{FILE}:{name}" for name in pipeline_functions(FILE)]

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from opdflow.errors import ConfigError
-from opdflow.testbed.data import load_prompts
-from opdflow.testbed.grader import MathGrader, make_grader
+from opdflow.inputs.data import load_prompts
+from opdflow.inputs.grader import MathGrader, make_grader
 
 GROUND_TRUTHS = ["42", "\\frac{1}{2}", "0.75", "2\\sqrt{3}", "\\frac{\\pi}{2}"]
 

@@ -26,7 +26,7 @@ import numpy as np, torch
 from safetensors.numpy import load_file
 from safetensors.torch import save_file
 from opdflow.config import TrainConfig
-from opdflow.runtime.device import peak_memory_gb, reset_peak_memory
+from opdflow.compute.device import peak_memory_gb, reset_peak_memory
 from opdflow.core.rollout import RolloutBatch
 from opdflow.stages.learner import Learner
 

@@ -40,6 +40,6 @@ def test_measure_recipes_api_and_files(tiny, tmp_path):
     assert all(math.isfinite(r.d_exact) and r.seconds > 0 for r in rows)
     write_measurements(rows, str(tmp_path / "m.parquet"))
     write_measurements(rows, str(tmp_path / "m.json"))
-    from opdflow.runtime.rundir import read_table
+    from opdflow.record.rundir import read_table
 
     assert [r["recipe"] for r in read_table(tmp_path / "m.parquet")] == ["bf16", "fp8_kv"]

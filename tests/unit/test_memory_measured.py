@@ -8,7 +8,7 @@ step has 4, 2 or 1 micro-batches. Each (ranks, checkpointing) pair runs in fresh
 a warm-up step at the smallest budget (what a run's first step touches for the first time,
 the heap's arenas among it, reads about 0.1 GB high on 2 ranks; and AdamW's moments exist
 from then on, as in every later step), then one step per budget, smallest first; `learner_peak_mem_gb` of each is the measured figure
-(runtime/device.py: the tensors the learner holds plus the rise of its resident set; glibc
+(compute/device.py: the tensors the learner holds plus the rise of its resident set; glibc
 returns freed buffers with MALLOC_MMAP_THRESHOLD_ fixed at 1 MiB). The plan is
 opdflow.memory.learner.learner_plan for the same step on a CPU, traced on fake tensors.
 
@@ -41,7 +41,7 @@ import torch
 from safetensors.numpy import load_file
 from opdflow.config import TrainConfig
 from opdflow.core.rollout import RolloutBatch
-from opdflow.runtime.fsdp import DistSpec
+from opdflow.compute.fsdp import DistSpec
 from opdflow.stages.learner import Learner
 
 root, ac, rank, world, init = sys.argv[1], sys.argv[2] == "1", *map(int, sys.argv[3:5]), sys.argv[5]
@@ -101,7 +101,7 @@ def student(tmp_path_factory):
 
 
 def _measure(root: Path, world: int, ac: bool) -> list[subprocess.Popen]:
-    from opdflow.runtime.fsdp import free_port
+    from opdflow.compute.fsdp import free_port
 
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20), "PYTHONPATH": str(REPO)}
     init = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"

@@ -67,7 +67,7 @@ def test_a_prefill_traced_per_layer_equals_the_whole_trace():
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))
 def test_each_shipped_gpu_pipeline_fits_its_documented_cluster(name):
-    from opdflow.runtime.placement import fit, parse_cluster
+    from opdflow.cluster.placement import fit, parse_cluster
 
     cluster, gb = DOCUMENTED[name]
     cfg = load_pipeline(f"{DAPO}:{name}")
@@ -88,7 +88,7 @@ def test_each_shipped_gpu_pipeline_fits_its_documented_cluster(name):
 def test_the_shipped_gpu_pipelines_fit_the_aws_cluster_file():
     """--cluster-yaml: each actor planned on the GPU its node type names (A100 80GB learner
     node, L40S rollout nodes)."""
-    from opdflow.runtime.clusterfile import fit_cluster_file, load_cluster_file
+    from opdflow.cluster.clusterfile import fit_cluster_file, load_cluster_file
 
     path = REPO / "cluster" / "aws-gpu.yaml"
     gpus = node_type_gpus(path)
@@ -162,7 +162,7 @@ def test_peak_memory_on_a_cpu_counts_held_tensors_and_the_rise():
     import numpy as np
     import torch
 
-    from opdflow.runtime.device import PeakMemory, tensor_bytes
+    from opdflow.compute.device import PeakMemory, tensor_bytes
 
     held = torch.zeros(1000, 1000)
     window = PeakMemory(torch.device("cpu"), tensor_bytes([held, held, None]))

@@ -50,7 +50,7 @@ def batch(tiny, tokenizer):
 
 
 def test_selected_rows_score_as_in_the_whole_batch(tiny, batch):
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
 
     model = load_model(str(tiny.student), "float32")
     with torch.no_grad():

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from opdflow.runtime.profiler import (
+from opdflow.record.profiler import (
     STAGES,
     Span,
     SpanRecorder,
@@ -14,7 +14,7 @@ from opdflow.runtime.profiler import (
     to_span,
     write_spans,
 )
-from opdflow.runtime.rundir import read_table
+from opdflow.record.rundir import read_table
 
 
 class Worker(SpanRecorder):

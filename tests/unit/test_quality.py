@@ -16,7 +16,7 @@ from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.core.stats import paired_diff_ci
 from opdflow.errors import ConfigError
-from opdflow.runtime.rundir import RunDir
+from opdflow.record.rundir import RunDir
 
 TOKENS = 20
 

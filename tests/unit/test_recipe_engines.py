@@ -6,12 +6,12 @@ import torch
 from opdflow.engines.fakequant import fake_fp8
 from opdflow.engines.kvcache import FP8WriteLayer, make_cache, quantized_cache
 from opdflow.engines.torch_engine import TorchEngine
-from opdflow.testbed.models import load_model
+from opdflow.inputs.models import load_model
 
 
 @pytest.fixture(scope="module")
 def inputs(tiny, tokenizer):
-    from opdflow.testbed.data import load_prompts
+    from opdflow.inputs.data import load_prompts
 
     p = load_prompts(tiny.heldout, tokenizer, limit=16)
     return torch.tensor(p.token_ids)  # the tiny prompts all have the same length

@@ -11,7 +11,7 @@ from opdflow.analysis.report import write_report
 from opdflow.analysis.runs import Run, expand_run_dirs
 from opdflow.analysis.throughput import is_sweep, sweep_rows
 from opdflow.errors import ConfigError
-from opdflow.runtime.profiler import union_seconds
+from opdflow.record.profiler import union_seconds
 
 
 def test_bottleneck_rule():

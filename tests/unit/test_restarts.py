@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
+from opdflow.analysis.faults import restart_slowdown
+from opdflow.cluster.restarts import RESTART_FLAG_SHARE, RestartLog
 from opdflow.commands.console import restarts_line
-from opdflow.runtime.restarts import RESTART_FLAG_SHARE, RestartLog, restart_slowdown
 
 
 class _Actor:

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
+from opdflow.analysis.faults import learner_losses
 from opdflow.commands.console import learner_losses_line
 from opdflow.core.launch import Launches
 from opdflow.core.staleness import FixedStaleness
 from opdflow.driver.controller import RowQueue
-from opdflow.driver.healing import learner_losses
 
 
 def _res(v: int) -> dict:

@@ -8,8 +8,8 @@ from opdflow.compute.scoring import _ChunkedLogprob, exact_kl_between, score_tok
 from opdflow.core.mismatch import exact_kl_per_token
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine
-from opdflow.testbed.data import load_prompts
-from opdflow.testbed.models import load_model
+from opdflow.inputs.data import load_prompts
+from opdflow.inputs.models import load_model
 
 CHUNK = 5  # far fewer than the batch's response tokens, and not a divisor of them
 

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from opdflow.cluster.placement import cpu_need
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.driver.session import Session
 from opdflow.errors import ConfigError
-from opdflow.runtime.placement import cpu_need
 
 
 def _cfg(*overrides: str) -> PipelineConfig:

@@ -183,7 +183,7 @@ def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
 
     from rich.console import Console
 
-    from opdflow.commands.study import train_one
+    from opdflow.study.runner import train_one
     from opdflow.driver.session import Session
     from opdflow.errors import ConfigError
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from opdflow.analysis.faults import node_losses
 from opdflow.cli import main
+from opdflow.cluster.startup import first_line
 from opdflow.commands.jobs import entrypoint
 from opdflow.commands.storage import check_checkpoint_dir, learner_may_leave_driver, run_dir_for
+from opdflow.compute.interfaces import socket_env
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.errors import ConfigError
-from opdflow.runtime.interfaces import socket_env
-from opdflow.runtime.nodes import node_losses
-from opdflow.runtime.startup import first_line
 
 DEMO = str(Path(__file__).resolve().parents[2] / "pipelines" / "tiny_cpu.py")
 
@@ -136,7 +136,7 @@ def test_node_losses_record_recovery_and_cost():
 
 
 def test_bind_sockets_sets_the_backend_variable_unless_the_user_did(monkeypatch):
-    from opdflow.runtime.interfaces import bind_sockets
+    from opdflow.compute.interfaces import bind_sockets
 
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")

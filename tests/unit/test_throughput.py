@@ -10,7 +10,7 @@ from opdflow.analysis.throughput import knee, plot_sweep, sweep_rows
 from opdflow.config import PipelineConfig
 from opdflow.core.policy import parse_ks, settings_for
 from opdflow.errors import ConfigError
-from opdflow.runtime.rundir import RunDir
+from opdflow.record.rundir import RunDir
 
 
 def test_knee_is_the_smallest_k_within_five_percent_of_the_best():

@@ -9,8 +9,8 @@ from opdflow.core.mismatch import engine_mismatch, exact_kl_per_token
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.engines.torch_engine import TorchEngine, sampling_logdist
 from opdflow.errors import ConfigError
-from opdflow.testbed.data import load_prompts
-from opdflow.testbed.models import load_model, native_bf16
+from opdflow.inputs.data import load_prompts
+from opdflow.inputs.models import load_model, native_bf16
 
 
 @pytest.fixture(scope="module")

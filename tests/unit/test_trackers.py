@@ -10,8 +10,8 @@ import pytest
 from opdflow.config import PipelineConfig
 from opdflow.config.overrides import apply_overrides
 from opdflow.errors import ConfigError
-from opdflow.runtime.rundir import RunDir, read_table
-from opdflow.runtime.trackers import flatten, k_policy, open_trackers, run_params, scalars
+from opdflow.record.rundir import RunDir, read_table
+from opdflow.record.trackers import flatten, k_policy, open_trackers, run_params, scalars
 
 
 def test_scalars_keeps_finite_numbers_under_their_own_names():

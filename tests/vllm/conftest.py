@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def prompts(tiny, tokenizer):
     """32 training prompts of the tiny task as token ids."""
-    from opdflow.testbed.data import load_prompts
+    from opdflow.inputs.data import load_prompts
 
     return load_prompts(tiny.train, tokenizer, 64, limit=32).token_ids
 

@@ -33,7 +33,7 @@ def _rescore(model_path, batch, params):
     """logp_B_T and logdist_B_T_V of the distribution sampled from, under transformers BF16."""
     from opdflow.compute.scoring import batch_tensors
     from opdflow.engines.torch_engine import sampling_logdist
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
 
     model = load_model(str(model_path), "bfloat16")
     ids, attn, pos, P = batch_tensors(batch)
@@ -119,8 +119,8 @@ def test_same_seed_same_samples_other_seed_other_samples(engine, prompts):
 def test_a_weights_update_through_the_object_store_moves_the_engine(engine, prompts, tiny):
     import ray
 
-    from opdflow.runtime.cluster import connect
-    from opdflow.testbed.models import load_model
+    from opdflow.cluster.connection import connect
+    from opdflow.inputs.models import load_model
     from opdflow.weights.version import pack, views
 
     params = SamplingParams(return_logdist=True)
@@ -172,7 +172,7 @@ def test_the_prefix_cache_serves_repeats_and_is_dropped_at_a_weights_update(
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
 
     block = engine.llm.llm_engine.vllm_config.cache_config.block_size
     long = (tokenizer.encode("Q:123+045=") * 40)[: block + 40]
@@ -202,9 +202,9 @@ def exported(tmp_path_factory, tiny, make_engine):
     and a VLLMEngine on it (alive until the module ends: see fp8_engines)."""
     from opdflow.config import PipelineConfig, TrainConfig
     from opdflow.engines.vllm_engine import VLLMEngine
-    from opdflow.runtime import checkpoint
-    from opdflow.runtime.export import export_run
-    from opdflow.runtime.rundir import RunDir
+    from opdflow.record import checkpoint
+    from opdflow.record.export import export_run
+    from opdflow.record.rundir import RunDir
     from opdflow.stages.learner import Learner
 
     run = RunDir.create(PipelineConfig(name="x"), tmp_path_factory.mktemp("x") / "run")
@@ -256,7 +256,7 @@ def test_a_weights_update_over_a_collective_pair_reaches_the_worker(engine, prom
     them)."""
     import threading
 
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
     from opdflow.weights.cast import bf16_entries, write_bf16
     from opdflow.weights.publisher import Publisher
     from opdflow.weights.transport import Collective
@@ -368,7 +368,7 @@ def test_fp8_kv_d_agrees_between_the_torch_emulation_and_vllm(
 @needs_fp8_kv
 def test_fp8_kv_amax_scales_follow_a_weights_update(fp8_engines, prompts, tiny):
     """The hooks outlive vLLM's weight reload: each generation rescales from its prefill."""
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
 
     eng = fp8_engines["fp8_kv"]
     student = load_model(str(tiny.student), "bfloat16").state_dict()

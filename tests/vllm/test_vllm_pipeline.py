@@ -20,7 +20,7 @@ from opdflow.engines.base import GenerationRequest, SamplingParams
 
 @pytest.fixture(scope="module")
 def cluster():
-    from opdflow.runtime.cluster import connect
+    from opdflow.cluster.connection import connect
 
     started = connect(4)
     yield
@@ -30,7 +30,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def weights(cluster, tiny):
-    from opdflow.testbed.models import load_model
+    from opdflow.inputs.models import load_model
     from opdflow.weights.transport import put_version
     from opdflow.weights.version import pack
 
@@ -43,7 +43,7 @@ def weights(cluster, tiny):
 @pytest.mark.slow
 def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, cluster, weights, tiny, tokenizer):
     from opdflow.driver.controller import run_pipeline
-    from opdflow.runtime.rundir import RunDir, read_table
+    from opdflow.record.rundir import RunDir, read_table
     from opdflow.stages.evaluator import Evaluator
 
     steps, prompts = 4, 64

@@ -284,3 +284,21 @@ def fit(
         _take(free[i], b)
         where[name] = i
     return where
+
+
+def actor_options(
+    res: StageResources, name: str | None = None, max_restarts: int = 0
+) -> dict[str, Any]:
+    """Ray actor options for a stage from its configured resources."""
+    opts: dict[str, Any] = {
+        "num_cpus": res.num_cpus,
+        "num_gpus": res.num_gpus,
+        "max_restarts": max_restarts,
+        # a restarted actor re-runs the calls it held, with the same arguments
+        "max_task_retries": -1 if max_restarts else 0,
+    }
+    if res.resources:
+        opts["resources"] = dict(res.resources)
+    if name:
+        opts["name"] = name
+    return opts

@@ -64,19 +64,3 @@ class RestartLog:
                 )
                 self.per_stage[stage_of(name)] = self.per_stage.get(stage_of(name), 0) + 1
         return out
-
-
-def restart_slowdown(metrics: list[dict[str, Any]], warmup: int = 0) -> float:
-    """Share of updates/hour lost to restarts: 1 - (mean step time of steps no restart hit)
-    / (mean step time of all steps), over the steps after warm-up; a step a restart hit
-    and the one after it count as hit. 0 without restarts, NaN when every step was hit."""
-    rows = [r for r in metrics if r["step"] >= warmup + (metrics[0]["step"] if metrics else 0)]
-    hit = {r["step"] for r in rows if r.get("restarts", 0)}
-    if not rows or not hit:
-        return 0.0
-    hit |= {s + 1 for s in hit}
-    clean = [r["step_s"] for r in rows if r["step"] not in hit]
-    if not clean:
-        return float("nan")
-    mean_all = sum(r["step_s"] for r in rows) / len(rows)
-    return max(0.0, 1.0 - (sum(clean) / len(clean)) / mean_all)

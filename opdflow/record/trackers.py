@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from opdflow.config import PipelineConfig
 from opdflow.errors import ConfigError
-from opdflow.runtime.rundir import RunDir
+from opdflow.record.rundir import RunDir
 
 EXTRA_SINKS = ("tensorboard", "wandb", "mlflow")
 """Sinks besides metrics.parquet; each is an extra: pip install 'opdflow[<name>]'."""

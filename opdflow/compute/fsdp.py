@@ -51,7 +51,7 @@ def init_process_group(device: torch.device, spec: DistSpec | None) -> DistSpec:
     its sockets (gloo's, NCCL's bootstrap) on the interface of the rank's node address."""
     import torch.distributed as dist
 
-    from opdflow.runtime.interfaces import bind_sockets
+    from opdflow.compute.interfaces import bind_sockets
 
     if spec is None:
         spec = DistSpec(0, 1, f"tcp://127.0.0.1:{free_port('127.0.0.1')}")

@@ -221,7 +221,7 @@ def fit_cluster_file(cfg: PipelineConfig, cluster: ClusterFile) -> dict[str, str
     """Place every actor of `cfg` on the cluster's nodes (placement.fit); returns actor ->
     node label. A ConfigError names the stage that does not fit, what it asks and the
     largest node, or the worker nodes it would take beyond max_workers."""
-    from opdflow.runtime.placement import fit
+    from opdflow.cluster.placement import fit
 
     nodes, names = cluster.nodes()
     try:

@@ -46,7 +46,7 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> tuple[Path,
     """The checkpoint directory of a run (`step`, default the latest) and the run's config;
     a ConfigError says what is missing."""
     from opdflow.config import PipelineConfig
-    from opdflow.runtime.checkpoint import checkpoints_dir, load_latest
+    from opdflow.record.checkpoint import checkpoints_dir, load_latest
 
     run = Path(run_dir)
     if not (run / "config.json").is_file():
@@ -112,8 +112,8 @@ def export_checkpoint(
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig
 
-    from opdflow.runtime.checkpoint import single_process_quiet
-    from opdflow.testbed.tokenizer import load_tokenizer
+    from opdflow.inputs.models import load_tokenizer
+    from opdflow.record.checkpoint import single_process_quiet
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:

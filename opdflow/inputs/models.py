@@ -107,7 +107,6 @@ def check_checkpoints(cfg: PipelineConfig) -> None:
 
 
 def _vocab(path: str) -> dict[str, int]:
-    from opdflow.testbed.tokenizer import load_tokenizer
 
     return load_tokenizer(path).get_vocab()
 
@@ -194,3 +193,14 @@ def load_model(path: str, dtype: str = "bfloat16", device: str = "cpu"):
     if dtype == "bfloat16":
         model = model.to(bf16_compute_dtype(device))  # exact: bf16 values fit in float32
     return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path):
+    """AutoTokenizer from a local directory, left padding, a pad token guaranteed."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok

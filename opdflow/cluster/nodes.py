@@ -245,36 +245,3 @@ def _job_actors() -> dict[str, dict[str, Any]]:
 
     job = ray.get_runtime_context().get_job_id()
     return state.actors(job_id=ray.JobID(bytes.fromhex(job)))
-
-
-def node_losses(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> list[dict]:
-    """Each node loss of a run: node, stages, step, steps replayed, seconds to recover
-    (None if never), and what it cost. The steps from the loss to the recovery and the one
-    after are "hit"; the others are clean: seconds lost = the hit steps' time beyond the
-    clean mean step, updates lost = that over the clean step, updates/hour lost = the clean
-    rate minus the rate with those seconds added (over the run's steps)."""
-    import math
-
-    back = {e["node_id"]: e for e in events if e.get("event") == "node_recovered"}
-    lost = [e for e in events if e.get("event") == "node_lost"]
-    out = []
-    for e in lost:
-        rec = back.get(e["node_id"])
-        end = rec["step"] if rec else (metrics[-1]["step"] if metrics else e["step"])
-        hit = set(range(e["step"], end + 2))
-        clean = [r["step_s"] for r in metrics if r["step"] not in hit]
-        hit_s = [r["step_s"] for r in metrics if r["step"] in hit]
-        mean = sum(clean) / len(clean) if clean else math.nan
-        seconds_lost = max(0.0, sum(hit_s) - mean * len(hit_s)) if clean else math.nan
-        n = len(metrics)
-        uph_clean = 3600 / mean if clean and mean > 0 else math.nan
-        uph_with = 3600 * n / (n * mean + seconds_lost) if clean and n else math.nan
-        out.append({
-            "node": e["node"], "stages": e["stages"], "actors": e["actors"], "step": e["step"],
-            "steps_replayed": len(e["steps_replayed"]), "replayed": e["steps_replayed"],
-            "seconds_to_recover": rec["seconds"] if rec else None,
-            "seconds_lost": seconds_lost, "updates_lost": seconds_lost / mean if clean else math.nan,
-            "updates_per_hour_lost": uph_clean - uph_with,
-            "share_of_updates_per_hour": (uph_clean - uph_with) / uph_clean if clean else math.nan,
-        })  # fmt: skip
-    return out
