@@ -152,7 +152,7 @@ def learner_actor_class() -> type:
             bucket_mb: int = 256,
         ):  # fmt: skip
             pin_threads(threads)
-            self.rank, self.peers = 0, []
+            self.rank, self.peers, self.timeline = 0, [], 0
             self.learner = StateLearner(shapes, cast_in)
             weights = WeightsConfig(transport=transport, bucket_mb=bucket_mb)
             self.publisher = Publisher(parse(weights), self.learner.device)

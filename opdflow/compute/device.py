@@ -94,11 +94,12 @@ def peak_memory_gb(device: torch.device) -> float:
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1e9
-    try:
+    try:  # the high-water mark, and never below the resident set now: some kernels and
+        # sandboxes do not move VmHWM after clear_refs
         with open("/proc/self/status") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-        return kb * 1024 / 1e9
-    except (OSError, StopIteration):
+            kb = dict(line.split()[:2] for line in f if line.startswith(("VmHWM:", "VmRSS:")))
+        return max(int(kb["VmHWM:"]), int(kb["VmRSS:"])) * 1024 / 1e9
+    except (OSError, KeyError, ValueError):
         import resource
 
         scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, else KiB
