@@ -31,6 +31,9 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 # a repository path as the docs write it: a top-level folder and at least one more part
 REPO_PATH = re.compile(r"(?<![\w/.$-])((?:opdflow|tests|bench|pipelines|docs|\.ci)/[\w./-]*\w)")
 MODULE = re.compile(r"(?<![\w/.])opdflow(?:\.\w+)+")
+# a module named by its folder inside the package, as in `stages/learner_actor.py`
+FOLDERS = sorted(p.name for p in (ROOT / "opdflow").iterdir() if (p / "__init__.py").is_file())
+PACKAGE_PATH = re.compile(rf"(?<![\w/.$-])((?:{'|'.join(FOLDERS)})/\w+\.py)")
 
 
 def prose_lines(text: str) -> list[str]:
@@ -94,6 +97,9 @@ def stale_paths(page: Path) -> list[str]:
             continue  # a placeholder (cluster/X.yaml)
         if not (ROOT / path).exists():
             stale.append(f"{page.name}: {path}")
+    for path in set(PACKAGE_PATH.findall(text)):
+        if not ((ROOT / "opdflow" / path).exists() or (ROOT / path).exists()):
+            stale.append(f"{page.name}: {path}")
     for name in set(MODULE.findall(text)):
         if not module_exists(name):
             stale.append(f"{page.name}: {name}")
@@ -153,7 +159,8 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
         "[gone](missing.md) [no heading](other.md#nowhere) [no anchor](#elsewhere)\n"
         "```\n[in code](ignored.md)\n```\n"
         "`opdflow/runtime/cast.py` and `opdflow.runtime.cast` moved; "
-        "`opdflow/weights/cast.py` and `opdflow.weights.cast.BF16Cast` did not.\n"
+        "`opdflow/weights/cast.py` and `opdflow.weights.cast.BF16Cast` did not, "
+        "nor did stages/learner_actor.py; stages/publisher.py did.\n"
     )
     assert dead_links(page) == [
         f"page.md: missing.md (no file {tmp_path / 'missing.md'})",
@@ -163,6 +170,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert sorted(stale_paths(page)) == [
         "page.md: opdflow.runtime.cast",
         "page.md: opdflow/runtime/cast.py",
+        "page.md: stages/publisher.py",
     ]
 
 
