@@ -8,7 +8,6 @@ trainer saturated (trainer wait share <= 2%). No Ray, no models: seconds.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
@@ -68,19 +67,17 @@ def plot(results, path: str | Path) -> None:
 def table(results, title: str):
     from rich.table import Table
 
+    from opdflow.analysis.figures import label, show
+
     t = Table(title=title)
-    for head in ("generators", "k", "updates/h", "trainer wait", "mean staleness", "k end",
-                 "dropped"):  # fmt: skip
+    keys = ("updates_per_hour", "trainer_wait_share", "mean_staleness", "k_final")
+    for head in ("generators", "k", *map(label, keys), "dropped"):
         t.add_column(head, justify="right")
     for r in results:
-        u = r.updates_per_hour
         t.add_row(
             str(r.config.generators),
             str(r.config.k),
-            "n/a" if math.isnan(u) else f"{u:,.0f}",
-            f"{r.trainer_wait_share:.1%}",
-            f"{r.mean_staleness:.2f}",
-            str(r.k_final),
+            *(show(key, getattr(r, key)) for key in keys),
             str(r.dropped),
         )
     return t
@@ -126,6 +123,7 @@ def simulate(
     import pyarrow.parquet as pq
     from rich.console import Console
 
+    from opdflow.analysis.figures import show
     from opdflow.analysis.simulator import (
         SATURATED_WAIT_SHARE,
         SimConfig,
@@ -174,7 +172,7 @@ def simulate(
     else:
         console.print(
             f"smallest saturated configuration: {best.config.generators} generators, "
-            f"k={best.config.k} ({best.updates_per_hour:,.0f} updates/h, wait "
-            f"{best.trainer_wait_share:.1%}; rule: {rule})"
+            f"k={best.config.k} ({show('updates_per_hour', best.updates_per_hour)} updates/h, "
+            f"wait {show('trainer_wait_share', best.trainer_wait_share)}; rule: {rule})"
         )
     click.echo(f"table: {root / 'simulate.parquet'}  plot: {root / 'simulate.png'}")

@@ -31,9 +31,9 @@ def canonical(recipe: str) -> str:
 
 
 def _pooled(metrics: list[dict[str, Any]], key: str) -> float:
-    from opdflow.analysis.calibration import pooled_over_steps
+    from opdflow.analysis.figures import token_pooled
 
-    return pooled_over_steps(metrics, key)
+    return token_pooled(metrics, key)
 
 
 def _tail(metrics: list[dict[str, Any]], key: str, n: int = 10) -> float:
