@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opdflow.analysis.curves import kl_at_time, kl_curve
-from opdflow.analysis.figures import figures_of
+from opdflow.analysis.figures import figures_of, label
 from opdflow.analysis.runs import Run
 from opdflow.core.policy import ADAPTIVE, k_label
 
@@ -97,6 +97,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     fixed = sorted((r for r in rows if r["policy"] != ADAPTIVE), key=lambda r: r["k"])
     adaptive = [r for r in rows if r["policy"] == ADAPTIVE]
@@ -105,10 +106,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
     fig, ax = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
 
     def panel(a, keys, ylabel, title):
-        for key, label in keys:
-            a.plot(ks, [r[key] for r in fixed], "o-", label=label)
+        for key, name in keys:
+            a.plot(ks, [r[key] for r in fixed], "o-", label=name)
             for r in adaptive:
-                a.plot([r["k_mean"]], [r[key]], "*", ms=14, label=f"{label} (adaptive, mean k)")
+                a.plot([r["k_mean"]], [r[key]], "*", ms=14, label=f"{name} (adaptive, mean k)")
         if k_knee is not None:
             a.axvline(k_knee, ls="--", c="gray", lw=1)
         a.set_xlabel("staleness bound k")
@@ -131,7 +132,13 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
             textcoords="offset points",
             fontsize=8,
         )
-    panel(ax[0, 1], [("trainer_wait_share", "wait share")], "share of step time", "Trainer wait")
+    panel(
+        ax[0, 1],
+        [("trainer_wait_share", "wait share")],
+        "share of step time",
+        label("trainer_wait_share"),
+    )
+    ax[0, 1].yaxis.set_major_formatter(PercentFormatter(1.0))  # shares in percent, as printed
     panel(
         ax[1, 0],
         [("heldout_kl_end", "at the end"), ("heldout_kl_equal_time", "at equal wall time")],

@@ -35,7 +35,9 @@ def plot(results, path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
+    from opdflow.analysis.figures import label as figure_label
     from opdflow.analysis.simulator import SATURATED_WAIT_SHARE
     from opdflow.core.policy import k_label
 
@@ -55,10 +57,11 @@ def plot(results, path: str | Path) -> None:
         a.set_xlabel("generator replicas")
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    ax[0].set_ylabel("updates/hour (simulated)")
+    ax[0].set_ylabel(f"{figure_label('updates_per_hour')}, simulated")
     ax[0].set_title("Throughput (circled: trainer saturated)")
     ax[1].axhline(SATURATED_WAIT_SHARE, ls="--", c="gray", lw=1)
-    ax[1].set_ylabel("trainer wait share")
+    ax[1].set_ylabel(figure_label("trainer_wait_share"))
+    ax[1].yaxis.set_major_formatter(PercentFormatter(1.0))  # shares in percent, as printed
     ax[1].set_title(f"Trainer wait (dashed: {SATURATED_WAIT_SHARE:.0%})")
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -16,7 +16,9 @@ from opdflow.record.profiler import union_seconds
 
 def test_bottleneck_rule():
     gen = bottleneck(0.33, 0.95, k=1)
-    assert gen.startswith("generation-bound: the trainer waits 33.0%") and "raise k (now k=1)" in gen
+    assert (
+        gen.startswith("generation-bound: the trainer waits 33.0%") and "raise k (now k=1)" in gen
+    )
     tr = bottleneck(0.01, 0.62)
     assert tr == (
         "trainer-bound: generation idle 38.0%; more rollout workers will not help "
