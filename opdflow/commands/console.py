@@ -275,9 +275,9 @@ def print_summary(s: dict, console: Console | None = None) -> None:
     t.add_row(label("updates_per_hour"), both("updates_per_hour"))
     t.add_row(f"trainer wait mean / share ({AFTER_WARMUP})",
               both("trainer_wait_s_mean", "trainer_wait_share"))  # fmt: skip
-    t.add_row(f"d_engine nats/token (k1 / k3 / exact, {ALL_STEPS})",
-              both("d_engine_k1", "d_engine_k3", "d_engine_exact"))  # fmt: skip
-    t.add_row(f"d_stale nats/token (k1 / k3, {ALL_STEPS})", both("d_stale_k1", "d_stale_k3"))
+    t.add_row(f"d_engine k1 / k3 / exact ({ALL_STEPS})",
+              both("d_engine_k1", "d_engine_k3", "d_engine_exact") + " nats/token")  # fmt: skip
+    t.add_row(f"d_stale k1 / k3 ({ALL_STEPS})", both("d_stale_k1", "d_stale_k3") + " nats/token")
     t.add_row(f"max staleness ({ALL_STEPS}) / dropped batches",
               f"{both('max_staleness')} / {s['dropped_batches']}")  # fmt: skip
     t.add_row("stage restarts", restarts_line(s))
