@@ -208,7 +208,7 @@ FIGURES = {
     "ratio_to_k0": Figure(f"updates/hour vs k=0 ({AFTER_WARMUP})", "ratio"),
     "trainer_wait_s_mean": Figure(f"trainer wait mean ({AFTER_WARMUP})", "seconds"),
     "trainer_wait_share": Figure(f"trainer wait share ({AFTER_WARMUP})", "share"),
-    "generator_busy_share": Figure(f"generator busy share ({AFTER_WARMUP})", "share"),
+    "generator_busy_share": Figure("generator busy share (spans: all steps)", "share"),
     "d_engine_k1": Figure("d_engine k1 (nats/token, all steps)", "mismatch"),
     "d_engine_k3": Figure("d_engine k3 (nats/token, all steps)", "mismatch"),
     "d_engine_exact": Figure("d_engine exact (nats/token, all steps)", "mismatch"),

@@ -135,8 +135,9 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     parts.append(
         f"<p class='note'>Rule: generation-bound when the trainer waits for batches at least "
         f"{WAIT_BOUND:.0%} of its step time; else trainer-bound when generators are idle at least "
-        f"{IDLE_BOUND:.0%} of the time; else balanced. Warm-up steps excluded; generator busy share "
-        "from spans when recorded, else from gen_s / step_s.</p>"
+        f"{IDLE_BOUND:.0%} of the time; else balanced. Trainer wait share after warm-up; "
+        "generator busy share from spans over the whole run when recorded, else from "
+        "gen_s / step_s after warm-up.</p>"
     )
 
     parts.append("<h2>Held-out KL</h2>")
