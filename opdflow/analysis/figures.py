@@ -113,6 +113,7 @@ class RunFigures:
     trainer_wait_share: float
     """Share of the step time the trainer waited for its batch, after warm-up."""
     d_engine_k1: float
+    """Token-pooled mismatch over all steps (nats/token), as are the five below."""
     d_engine_k3: float
     d_engine_exact: float
     d_stale_k1: float
