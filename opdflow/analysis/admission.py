@@ -169,7 +169,7 @@ def drift_report(
     metrics: list[dict[str, Any]], d_hat: float, alpha: float = ALPHA, windows: int = 4
 ) -> list[DriftWindow]:
     """Online D (token-pooled per window, plus one row for all steps) over the offline D_hat."""
-    from opdflow.analysis.calibration import pooled_over_steps
+    from opdflow.analysis.figures import token_pooled
 
     rows = sorted(metrics, key=lambda r: r["step"])
     if not rows:
@@ -179,8 +179,8 @@ def drift_report(
     spans = [rows[a:b] for a, b in itertools.pairwise(cuts) if b > a] + [rows]
     out = []
     for span in spans:
-        de = pooled_over_steps(span, "d_engine_k1")
-        dt = pooled_over_steps(span, "d_total_k1")
+        de = token_pooled(span, "d_engine_k1")
+        dt = token_pooled(span, "d_total_k1")
         re = de / d_hat if d_hat > 0 else math.inf
         rt = dt / d_hat if d_hat > 0 else math.inf
         out.append(

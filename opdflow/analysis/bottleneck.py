@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opdflow.analysis.curves import finite
+from opdflow.analysis.figures import clock_start, figures_of, show, timed_rows, wait_share
 from opdflow.analysis.runs import Run
 from opdflow.record.profiler import union_seconds
 
@@ -46,25 +47,16 @@ class Shares:
     source: str
 
 
-def timed_rows(run: Run) -> list[dict[str, Any]]:
-    """The run's metrics rows after warm-up (config warmup_steps; actor start, first weight
-    fetch), or every row when nothing follows the warm-up."""
-    warm = run.warmup_steps
-    return run.metrics[warm:] if len(run.metrics) > warm else run.metrics
-
-
 def run_shares(run: Run) -> Shares:
-    """Trainer wait share from metrics; generator busy share from spans, else from gen_s."""
-    rows = timed_rows(run)
-    step_s = sum(r["step_s"] for r in rows if finite(r.get("step_s")))
-    wait_s = sum(r["trainer_wait_s"] for r in rows if finite(r.get("trainer_wait_s")))
-    wait = wait_s / step_s if step_s > 0 else float("nan")
+    """Trainer wait share after warm-up (figures.py's, as every table shows it); generator
+    busy share from spans, else from gen_s over the same steps."""
+    fig = figures_of(run)
+    rows = timed_rows(run.metrics, run.warmup_steps, clock_start(run.events))
     if run.spans:
         gen = busy_shares(run.spans).get("generator", float("nan"))
-        return Shares(wait, gen, "spans")
-    gen_s = sum(r["gen_s"] for r in rows if finite(r.get("gen_s")))
-    gen = min(gen_s / step_s, 1.0) if step_s > 0 else float("nan")
-    return Shares(wait, gen, "metrics gen_s / step_s")
+        return Shares(fig.trainer_wait_share, gen, "spans")
+    gen = min(wait_share([r.get("gen_s") for r in rows], [r.get("step_s") for r in rows]), 1.0)
+    return Shares(fig.trainer_wait_share, gen, "metrics gen_s / step_s")
 
 
 def bottleneck(
@@ -84,18 +76,19 @@ def bottleneck(
     if not (finite(trainer_wait_share) and finite(generator_busy_share)):
         return "unknown: not enough timing data to name a bottleneck"
     idle = max(0.0, 1.0 - generator_busy_share)
+    wait, idle_pct = (
+        show("trainer_wait_share", trainer_wait_share),
+        show("generator_busy_share", idle),
+    )
     if trainer_wait_share >= wait_bound:
         now = f" (now k={k})" if k is not None else ""
         return (
-            f"generation-bound: the trainer waits {trainer_wait_share:.0%} of its step time; "
+            f"generation-bound: the trainer waits {wait} of its step time; "
             f"raise k{now} or add rollout workers"
         )
     if idle >= idle_bound:
         return (
-            f"trainer-bound: generation idle {idle:.0%}; more rollout workers will not help "
+            f"trainer-bound: generation idle {idle_pct}; more rollout workers will not help "
             "(a faster learner will)"
         )
-    return (
-        f"balanced: the trainer waits {trainer_wait_share:.0%} of its step time and "
-        f"generation is idle {idle:.0%}"
-    )
+    return f"balanced: the trainer waits {wait} of its step time and generation is idle {idle_pct}"

@@ -20,23 +20,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from opdflow.analysis.figures import token_pooled
 from opdflow.errors import ConfigError
 
 D_KIND = "d_total_k1"
 """Which mismatch a run's D is: token-pooled engine + staleness k1 over its training steps."""
 LINE_CHOICE = "geometric mean of the bracket ends"
-
-
-def pooled_over_steps(metrics: list[dict[str, Any]], key: str) -> float:
-    """Token-pooled mean of a per-step mismatch column (steps weighted by their tokens)."""
-    num = den = 0.0
-    for r in metrics:
-        v, t = r.get(key), r.get("tokens", 1)
-        if v is None or not math.isfinite(float(v)):
-            continue
-        num += float(v) * float(t)
-        den += float(t)
-    return num / den if den else math.nan
 
 
 @dataclass(frozen=True)
@@ -164,8 +153,8 @@ def points_from_runs(std_path: str | Path, run_paths: list[str | Path], tau: flo
             RunPoint(
                 str(run.path),
                 run.recipe,
-                pooled_over_steps(metrics, D_KIND),
-                pooled_over_steps(metrics, "d_engine_k1"),
+                token_pooled(metrics, D_KIND),
+                token_pooled(metrics, "d_engine_k1"),
                 v.delta,
                 v.diff.low,
                 v.diff.high,

@@ -56,18 +56,25 @@ def kl_at_time(curve: list[tuple[float, float]], t: float) -> float:
     return curve[-1][1]
 
 
-def accuracy_curve(run: Run) -> list[tuple[int, float]]:
-    """(version, held-out accuracy) per evaluated version; empty when the run's held-out
-    prompts have no reference answers (its accuracy would be a meaningless 0)."""
+def accuracy_curve(heldout: list[dict[str, Any]], source: str = "tiny") -> list[tuple[int, float]]:
+    """(version, held-out accuracy) per evaluated version: the share of its held-out
+    responses whose answer matches the reference (every prompt has the same number of
+    responses). Empty when the held-out prompts (`source`: the config's data.heldout) have
+    no reference answers, or their file is not here and every accuracy is 0 (no signal)."""
     from opdflow.inputs.data import heldout_has_answers
 
-    answers = heldout_has_answers(run.config.get("data", {}).get("heldout", "tiny"))
-    acc = [r.get("accuracy") for r in run.heldout]
+    answers = heldout_has_answers(source)
+    acc = [r.get("accuracy") for r in heldout]
     if answers is False or not acc or any(not finite(a) for a in acc):
         return []
     if answers is None and not any(acc):  # the prompt file is not here: all-zero is no signal
         return []
     by_v: dict[int, list[float]] = {}
-    for r in run.heldout:
+    for r in heldout:
         by_v.setdefault(int(r["version"]), []).append(float(r["accuracy"]))
     return [(v, sum(a) / len(a)) for v, a in sorted(by_v.items())]
+
+
+def run_accuracy_curve(run: Run) -> list[tuple[int, float]]:
+    """`accuracy_curve` of a run directory's held-out rows and prompts."""
+    return accuracy_curve(run.heldout, run.config.get("data", {}).get("heldout", "tiny"))

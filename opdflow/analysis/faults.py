@@ -1,19 +1,23 @@
 """What faults cost a run, read off its record: restarts, node losses, learner losses.
 
 Each function reads a finished (or running) run's metrics rows and events.jsonl, so the
-summary, the report and the tests read one definition of each cost.
+summary, the report and the tests read one definition of each cost. Like updates/hour,
+every cost counts the steps after warm-up only (figures.timed_rows: a slow warm-up step is
+neither clean time nor a fault's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from opdflow.analysis.figures import per_hour, timed_rows
 
-def restart_slowdown(metrics: list[dict[str, Any]], warmup: int = 0) -> float:
+
+def restart_slowdown(metrics: list[dict[str, Any]], warmup: int = 0, first: int = 0) -> float:
     """Share of updates/hour lost to restarts: 1 - (mean step time of steps no restart hit)
     / (mean step time of all steps), over the steps after warm-up; a step a restart hit
     and the one after it count as hit. 0 without restarts, NaN when every step was hit."""
-    rows = [r for r in metrics if r["step"] >= warmup + (metrics[0]["step"] if metrics else 0)]
+    rows = timed_rows(metrics, warmup, first)
     hit = {r["step"] for r in rows if r.get("restarts", 0)}
     if not rows or not hit:
         return 0.0
@@ -25,14 +29,17 @@ def restart_slowdown(metrics: list[dict[str, Any]], warmup: int = 0) -> float:
     return max(0.0, 1.0 - (sum(clean) / len(clean)) / mean_all)
 
 
-def node_losses(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> list[dict]:
+def node_losses(
+    events: list[dict[str, Any]], metrics: list[dict[str, Any]], warmup: int = 0, first: int = 0
+) -> list[dict]:
     """Each node loss of a run: node, stages, step, steps replayed, seconds to recover
     (None if never), and what it cost. The steps from the loss to the recovery and the one
     after are "hit"; the others are clean: seconds lost = the hit steps' time beyond the
     clean mean step, updates lost = that over the clean step, updates/hour lost = the clean
-    rate minus the rate with those seconds added (over the run's steps)."""
+    rate minus the rate with those seconds added (over the steps after warm-up)."""
     import math
 
+    metrics = timed_rows(metrics, warmup, first)
     back = {e["node_id"]: e for e in events if e.get("event") == "node_recovered"}
     lost = [e for e in events if e.get("event") == "node_lost"]
     out = []
@@ -45,8 +52,8 @@ def node_losses(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> 
         mean = sum(clean) / len(clean) if clean else math.nan
         seconds_lost = max(0.0, sum(hit_s) - mean * len(hit_s)) if clean else math.nan
         n = len(metrics)
-        uph_clean = 3600 / mean if clean and mean > 0 else math.nan
-        uph_with = 3600 * n / (n * mean + seconds_lost) if clean and n else math.nan
+        uph_clean = per_hour(1, mean) if clean else math.nan
+        uph_with = per_hour(n, n * mean + seconds_lost) if clean else math.nan
         out.append({
             "node": e["node"], "stages": e["stages"], "actors": e["actors"], "step": e["step"],
             "steps_replayed": len(e["steps_replayed"]), "replayed": e["steps_replayed"],
@@ -73,7 +80,7 @@ def learner_losses(
         if e.get("event") != "learner_recovered":
             continue
         lost_s = e["wasted_s"] + e["recover_s"]
-        without = 3600 * timed_steps / (wall - lost_s) if wall > lost_s else float("nan")
+        without = per_hour(timed_steps, wall - lost_s) if wall > lost_s else float("nan")
         out.append({**{k: e.get(k) for k in keep}, "lost_s": lost_s,
                     "lost_share": lost_s / wall if wall > 0 else float("nan"),
                     "updates_per_hour_lost": without - updates_per_hour})  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 
-from opdflow.analysis.curves import accuracy_curve, finite, heldout_curve, kl_curve
+from opdflow.analysis.curves import finite, heldout_curve, kl_curve, run_accuracy_curve
 from opdflow.analysis.runs import Run
 
 STAGE_COLORS = {
@@ -62,7 +62,7 @@ def plot_accuracy(runs: list[Run]) -> bytes:
     fig, ax = _figure()
     a = ax[0][0]
     for r in runs:
-        pts = accuracy_curve(r)
+        pts = run_accuracy_curve(r)
         if pts:
             a.plot(*zip(*pts), marker="o", label=r.label)
     a.set_xlabel("learner step (weight version)")

@@ -7,8 +7,9 @@ trainer wait vs step, the stage timeline (from spans.parquet when the profiler r
 spans), the sweep table and curve when the runs differ in staleness (throughput.py), the
 admission table when an admission.json is present, and a plain-language bottleneck line
 per run (bottleneck.py). The page embeds every plot as base64 PNG, so it opens anywhere
-without network. The numbers come from curves.py and bottleneck.py, the figures from
-plots.py; this module only lays them out.
+without network. The numbers come from figures.py (the same the run summary and the sweep
+table show, in the same units: shares in percent), curves.py and bottleneck.py, the plots
+from plots.py; this module only lays them out.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from opdflow.analysis.bottleneck import IDLE_BOUND, WAIT_BOUND, bottleneck, run_shares
-from opdflow.analysis.curves import accuracy_curve, heldout_curve
+from opdflow.analysis.curves import run_accuracy_curve
+from opdflow.analysis.figures import figures_of, label, show
 from opdflow.analysis.plots import (
     plot_accuracy,
     plot_heldout,
@@ -58,18 +59,14 @@ img{max-width:100%;border:1px solid #eee;margin:6px 0}
 """
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "n/a"
-        return f"{v:.4g}"
-    return html.escape(str(v))
-
-
 def _html_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    """A table whose headers are the figures' labels and whose cells are in their units."""
+    head = "".join(f"<th>{html.escape(label(c))}</th>" for c in columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{_fmt(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows
+        "<tr>"
+        + "".join(f"<td>{html.escape(show(c, r.get(c, '')))}</td>" for c in columns)
+        + "</tr>"
+        for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -110,29 +107,25 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     parts.append("<h2>Runs and bottleneck</h2>")
     rows = []
     for r in runs:
-        sh = run_shares(r)
-        curve = heldout_curve(r.heldout)
-        acc = accuracy_curve(r)
+        fig = figures_of(r)
         rows.append(
             {
                 "run": r.name,
-                "recipe": r.config.get("engine", {}).get("recipe", "?"),
+                "recipe": r.recipe,
                 "k": r.k,
-                "steps": len(r.metrics),
-                "held-out KL start": curve[0][1] if curve else float("nan"),
-                "held-out KL end": curve[-1][1] if curve else float("nan"),
-                "held-out accuracy start": acc[0][1] if acc else float("nan"),
-                "held-out accuracy end": acc[-1][1] if acc else float("nan"),
-                "updates/hour": r.metrics[-1].get("updates_per_hour", float("nan"))
-                if r.metrics
-                else float("nan"),
-                "trainer wait share": sh.trainer_wait,
-                "generator busy share": sh.generator_busy,
+                "steps": fig.steps,
+                "heldout_kl_start": fig.heldout_kl_start,
+                "heldout_kl_end": fig.heldout_kl_end,
+                "heldout_accuracy_start": fig.heldout_accuracy_start,
+                "heldout_accuracy_end": fig.heldout_accuracy_end,
+                "updates_per_hour": fig.updates_per_hour,
+                "trainer_wait_share": fig.trainer_wait_share,
+                "generator_busy_share": run_shares(r).generator_busy,
             }
         )
     columns = list(rows[0])
-    if not any(accuracy_curve(r) for r in runs):
-        columns = [c for c in columns if not c.startswith("held-out accuracy")]
+    if not any(run_accuracy_curve(r) for r in runs):
+        columns = [c for c in columns if not c.startswith("heldout_accuracy")]
     parts.append(_html_table(rows, columns))
     for r in runs:
         sh = run_shares(r)
@@ -142,8 +135,9 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
     parts.append(
         f"<p class='note'>Rule: generation-bound when the trainer waits for batches at least "
         f"{WAIT_BOUND:.0%} of its step time; else trainer-bound when generators are idle at least "
-        f"{IDLE_BOUND:.0%} of the time; else balanced. Warm-up steps excluded; generator busy share "
-        "from spans when recorded, else from gen_s / step_s.</p>"
+        f"{IDLE_BOUND:.0%} of the time; else balanced. Trainer wait share after warm-up; "
+        "generator busy share from spans over the whole run when recorded, else from "
+        "gen_s / step_s after warm-up.</p>"
     )
 
     parts.append("<h2>Held-out KL</h2>")
@@ -153,7 +147,7 @@ def write_report(paths: list[str | Path], out: str | Path | None = None) -> Path
         + add("heldout_kl_vs_time", plot_heldout(runs, "time"), "held-out KL vs wall time")
         + "</div>"
     )
-    if any(accuracy_curve(r) for r in runs):
+    if any(run_accuracy_curve(r) for r in runs):
         parts.append("<h2>Held-out accuracy</h2>")
         parts.append(
             add("heldout_accuracy_vs_step", plot_accuracy(runs), "held-out accuracy vs step")

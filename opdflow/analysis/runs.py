@@ -61,6 +61,13 @@ class Run:
         return self._table("spans.parquet")
 
     @cached_property
+    def events(self) -> list[dict[str, Any]]:
+        """events.jsonl: restarts, resumes, rewinds, losses, in order ([] when absent)."""
+        f = self.path / "events.jsonl"
+        lines = f.read_text().splitlines() if f.is_file() else []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    @cached_property
     def summary(self) -> dict[str, Any]:
         """summary.json: what the controller wrote at the end ({} when the run did not finish)."""
         return self._json("summary.json")

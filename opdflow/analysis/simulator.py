@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from opdflow.analysis.figures import mean, per_hour, timed_from, wait_share
 from opdflow.analysis.lengths import LengthModel
 from opdflow.analysis.machine import Machine, Task
 from opdflow.analysis.stage_times import StageTimes
@@ -271,22 +272,22 @@ def simulate(times: StageTimes, cfg: SimConfig) -> SimResult:
 
 
 def _result(cfg, times, schedule, ticks, dropped, decisions, policy, observations) -> SimResult:
-    warm = min(times.warmup_steps, max(len(ticks) - 2, 0))
+    # the figures a measured run's summary shows, by figures.py's definitions: updates/hour
+    # and trainer wait share after warm-up (the clock restarts at the warm-up's last tick)
+    warm = timed_from(len(ticks), times.warmup_steps)
     t_warm = 0.0 if warm == 0 else ticks[warm - 1]
-    timed = len(ticks) - warm
-    uph = 3600 * timed / (ticks[-1] - t_warm) if timed > 0 and ticks[-1] > t_warm else math.nan
-    body = schedule[warm:] or schedule
-    busy = sum(s.step_s for s in body)
+    body = schedule[warm:]
     stale = [s.step - s.version for s in schedule]
+    wait = wait_share([s.wait_s for s in body], [s.step_s for s in body])
     return SimResult(
         config=cfg,
-        updates_per_hour=uph,
-        trainer_wait_share=sum(s.wait_s for s in body) / busy if busy > 0 else 0.0,
-        mean_staleness=float(np.mean(stale)),
+        updates_per_hour=per_hour(len(ticks) - warm, ticks[-1] - t_warm) if ticks else math.nan,
+        trainer_wait_share=0.0 if math.isnan(wait) else wait,
+        mean_staleness=mean(stale),
         max_staleness=int(max(stale)),
         dropped=dropped,
         k_final=policy.k,
-        k_mean=float(np.mean([s.k for s in schedule])),
+        k_mean=mean([s.k for s in schedule]),
         schedule=schedule,
         decisions=decisions,
         observations=observations,

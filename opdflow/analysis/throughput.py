@@ -4,7 +4,7 @@ Asynchrony pays until the trainer becomes the bottleneck (docs/DESIGN.md, "The s
 sweep runs the same pipeline at several staleness bounds k (`opdflow sweep`; the report
 finds one among any runs that differ in k) and tabulates, per run: updates/hour (and its
 ratio to k = 0), the trainer's wait share, held-out KL at the start, the end and at equal
-wall time, d_stale. The knee: the smallest fixed k whose updates/hour is at least 95% of
+wall time, held-out accuracy, d_stale (each figure is figures.py's). The knee: the smallest fixed k whose updates/hour is at least 95% of
 the best fixed k's; past it, more staleness buys less than 5% throughput. The numbers come
 from each run's records (analysis/runs.py), so any finished run directory has a row;
 matplotlib is imported only to draw.
@@ -16,9 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from opdflow.analysis.bottleneck import run_shares
-from opdflow.analysis.calibration import pooled_over_steps
-from opdflow.analysis.curves import heldout_curve, kl_at_time, kl_curve
+from opdflow.analysis.curves import kl_at_time, kl_curve
+from opdflow.analysis.figures import figures_of, label
 from opdflow.analysis.runs import Run
 from opdflow.core.policy import ADAPTIVE, k_label
 
@@ -48,42 +47,40 @@ def sweep_order(runs: list[Run]) -> list[Run]:
 def sweep_rows(runs: list[Run]) -> list[dict[str, Any]]:
     """One table row per run, in the given order (the sweep's, or `sweep_order`).
 
-    The trainer's wait share, like updates/hour, leaves the warm-up steps out; d_stale is
-    pooled over tokens; held-out KL at equal time is read at the shortest run's wall time.
+    Every figure is figures.py's, as the run's summary and the report show it: updates/hour
+    and the trainer's wait share leave the warm-up steps out; d_stale is pooled over
+    tokens; held-out KL at equal time is read at the shortest run's wall time.
     """
     nan = float("nan")
-
-    def last(r: Run, key: str) -> Any:
-        return r.metrics[-1].get(key, nan) if r.metrics else nan
-
-    walls = [last(r, "time_s") for r in runs]
+    figs = [figures_of(r) for r in runs]
+    walls = [r.metrics[-1].get("time_s", nan) if r.metrics else nan for r in runs]
     t_equal = min(walls, default=nan)
-    fixed = [r for r in runs if r.k_token != ADAPTIVE]
-    fixed_uph = {int(r.k or 0): last(r, "updates_per_hour") for r in fixed}
+    fixed = [(r, f) for r, f in zip(runs, figs) if r.k_token != ADAPTIVE]
+    fixed_uph = {int(r.k or 0): f.updates_per_hour for r, f in fixed}
     base = fixed_uph.get(0, nan)
     k_knee = knee(fixed_uph)
     rows = []
-    for r, wall in zip(runs, walls):
-        m, token, uph = r.metrics, r.k_token, last(r, "updates_per_hour")
-        ks = [row["k"] for row in m if "k" in row]
-        curve = heldout_curve(r.heldout)
+    for r, f, wall in zip(runs, figs, walls):
+        m, token = r.metrics, r.k_token
         rows.append(
             {
                 "run": "?" if token is None else k_label(token),
                 "policy": ADAPTIVE if token == ADAPTIVE else "fixed",
                 "k": -1 if token == ADAPTIVE else r.k,
-                "k_final": ks[-1] if ks else r.k,
-                "k_mean": sum(ks) / len(ks) if ks else nan,
-                "steps": len(m),
-                "updates_per_hour": uph,
-                "ratio_to_k0": uph / base if base else nan,
-                "trainer_wait_share": run_shares(r).trainer_wait,
-                "heldout_kl_start": curve[0][1] if curve else nan,
-                "heldout_kl_end": curve[-1][1] if curve else nan,
+                "k_final": f.k_final,
+                "k_mean": f.k_mean,
+                "steps": f.steps,
+                "updates_per_hour": f.updates_per_hour,
+                "ratio_to_k0": f.updates_per_hour / base if base else nan,
+                "trainer_wait_share": f.trainer_wait_share,
+                "heldout_kl_start": f.heldout_kl_start,
+                "heldout_kl_end": f.heldout_kl_end,
                 "heldout_kl_equal_time": kl_at_time(kl_curve(m, r.heldout), t_equal),
                 "equal_time_s": t_equal,
-                "d_stale_k1": pooled_over_steps(m, "d_stale_k1"),
-                "max_staleness": max((int(x["staleness"]) for x in m), default=0),
+                "heldout_accuracy_start": f.heldout_accuracy_start,
+                "heldout_accuracy_end": f.heldout_accuracy_end,
+                "d_stale_k1": f.d_stale_k1,
+                "max_staleness": f.max_staleness,
                 "dropped_batches": int(m[-1].get("dropped", 0)) if m else 0,
                 "wall_s": wall,
                 "knee": token != ADAPTIVE and r.k == k_knee,
@@ -100,6 +97,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     fixed = sorted((r for r in rows if r["policy"] != ADAPTIVE), key=lambda r: r["k"])
     adaptive = [r for r in rows if r["policy"] == ADAPTIVE]
@@ -108,10 +106,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
     fig, ax = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
 
     def panel(a, keys, ylabel, title):
-        for key, label in keys:
-            a.plot(ks, [r[key] for r in fixed], "o-", label=label)
+        for key, name in keys:
+            a.plot(ks, [r[key] for r in fixed], "o-", label=name)
             for r in adaptive:
-                a.plot([r["k_mean"]], [r[key]], "*", ms=14, label=f"{label} (adaptive, mean k)")
+                a.plot([r["k_mean"]], [r[key]], "*", ms=14, label=f"{name} (adaptive, mean k)")
         if k_knee is not None:
             a.axvline(k_knee, ls="--", c="gray", lw=1)
         a.set_xlabel("staleness bound k")
@@ -134,7 +132,13 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> None:
             textcoords="offset points",
             fontsize=8,
         )
-    panel(ax[0, 1], [("trainer_wait_share", "wait share")], "share of step time", "Trainer wait")
+    panel(
+        ax[0, 1],
+        [("trainer_wait_share", "wait share")],
+        "share of step time",
+        label("trainer_wait_share"),
+    )
+    ax[0, 1].yaxis.set_major_formatter(PercentFormatter(1.0))  # shares in percent, as printed
     panel(
         ax[1, 0],
         [("heldout_kl_end", "at the end"), ("heldout_kl_equal_time", "at equal wall time")],

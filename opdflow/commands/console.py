@@ -25,6 +25,8 @@ from rich.progress import Progress, ProgressColumn, Task
 from rich.table import Table
 from rich.text import Text
 
+from opdflow.analysis.curves import finite
+from opdflow.analysis.figures import AFTER_WARMUP, ALL_STEPS, label, show
 from opdflow.config import PipelineConfig
 from opdflow.core.duration import duration
 
@@ -189,7 +191,8 @@ def accuracy_change(s: dict) -> str:
         return "n/a (a run summary from before opdflow recorded it)"
     if math.isnan(a0) or math.isnan(a1):
         return "n/a (the held-out prompts have no reference answers)"
-    return f"{a0:.1%} -> {a1:.1%} ({100 * (a1 - a0):+.1f} points)"
+    a0s, a1s = show("heldout_accuracy_start", a0), show("heldout_accuracy_end", a1)
+    return f"{a0s} -> {a1s} ({100 * (a1 - a0):+.1f} points)"
 
 
 def restarts_line(s: dict) -> str:
@@ -207,7 +210,7 @@ def restarts_line(s: dict) -> str:
     if cost is None or (isinstance(cost, float) and math.isnan(cost)):
         return text + ": every step was hit"
     flag = " (RESTARTS SLOWED THIS RUN)" if cost >= RESTART_FLAG_SHARE else ""
-    return f"{text}: cost {cost:.0%} of updates/hour{flag}"
+    return f"{text}: cost {show('restart_slowdown', cost)} of updates/hour{flag}"
 
 
 def learner_losses_line(s: dict) -> str:
@@ -222,8 +225,9 @@ def learner_losses_line(s: dict) -> str:
             f"rank{'s' if len(x['ranks']) > 1 else ''} {', '.join(map(str, x['ranks']))} "
             f"(node {', '.join(n['node'] for n in x['nodes'])}) lost at step {x['from_step']}, "
             f"rewound to {x['to_step']}: {x['replayed_steps']} steps replayed, recovered in "
-            f"{x['recover_s']:.1f} s, cost {fmt(x['updates_per_hour_lost'], '.0f')} updates/hour"
-            + (f" ({x['lost_share']:.0%})" if math.isfinite(x.get("lost_share", math.nan)) else "")
+            f"{x['recover_s']:.1f} s, cost {show('updates_per_hour_lost', x['updates_per_hour_lost'])}"
+            " updates/hour"
+            + (f" ({show('lost_share', x['lost_share'])})" if finite(x.get("lost_share")) else "")
             for x in losses
         )
         or "none"
@@ -245,8 +249,8 @@ def node_losses_line(s: dict) -> str | None:
             + (f"back after {back:.0f} s" if back is not None else "not restarted by Ray")
             + f", {x['steps_replayed']} step(s) replayed"
             + (
-                f", {share:.0%} of updates/hour lost"
-                if share is not None and share == share
+                f", {show('share_of_updates_per_hour', share)} of updates/hour lost"
+                if finite(share)
                 else ""
             )
         )
@@ -258,26 +262,24 @@ def print_summary(s: dict, console: Console | None = None) -> None:
     t = Table(title="opdflow run summary", show_header=False)
     change = s["heldout_kl_change"]
     verdict = "lower: the student approached the teacher" if change < 0 else "NOT lower"
+
+    def both(*keys: str) -> str:
+        return " / ".join(show(k, s.get(k)) for k in keys)
+
     t.add_row(
-        "held-out KL (start -> end)",
-        f"{fmt(s['heldout_kl_start'])} -> {fmt(s['heldout_kl_end'])} ({change:+.1%}, {verdict})",
+        "held-out KL nats/token (start -> end)",
+        f"{both('heldout_kl_start')} -> {both('heldout_kl_end')} ({change:+.1%}, {verdict})",
     )
     t.add_row("held-out accuracy (start -> end)", accuracy_change(s))
-    t.add_row("learner steps", str(s["steps"]))
-    t.add_row("updates/hour (after warm-up)", fmt(s["updates_per_hour"], ".0f"))
-    t.add_row(
-        "trainer wait (mean / share)",
-        f"{s['trainer_wait_s_mean']:.3f} s / {s['trainer_wait_share']:.1%}",
-    )
-    t.add_row(
-        "d_engine nats/token (k1 / k3 / exact)",
-        f"{fmt(s['d_engine_k1'], '.2e')} / {fmt(s['d_engine_k3'], '.2e')} / {fmt(s['d_engine_exact'], '.2e')}",
-    )
-    t.add_row(
-        "d_stale nats/token (k1 / k3)",
-        f"{fmt(s['d_stale_k1'], '.2e')} / {fmt(s['d_stale_k3'], '.2e')}",
-    )
-    t.add_row("max staleness / dropped batches", f"{s['max_staleness']} / {s['dropped_batches']}")
+    t.add_row(label("steps"), both("steps"))
+    t.add_row(label("updates_per_hour"), both("updates_per_hour"))
+    t.add_row(f"trainer wait mean / share ({AFTER_WARMUP})",
+              both("trainer_wait_s_mean", "trainer_wait_share"))  # fmt: skip
+    t.add_row(f"d_engine k1 / k3 / exact ({ALL_STEPS})",
+              both("d_engine_k1", "d_engine_k3", "d_engine_exact") + " nats/token")  # fmt: skip
+    t.add_row(f"d_stale k1 / k3 ({ALL_STEPS})", both("d_stale_k1", "d_stale_k3") + " nats/token")
+    t.add_row(f"max staleness ({ALL_STEPS}) / dropped batches",
+              f"{both('max_staleness')} / {s['dropped_batches']}")  # fmt: skip
     t.add_row("stage restarts", restarts_line(s))
     t.add_row("learner losses healed", learner_losses_line(s))
 

@@ -8,7 +8,6 @@ trainer saturated (trainer wait share <= 2%). No Ray, no models: seconds.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
@@ -36,7 +35,9 @@ def plot(results, path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
+    from opdflow.analysis.figures import label as figure_label
     from opdflow.analysis.simulator import SATURATED_WAIT_SHARE
     from opdflow.core.policy import k_label
 
@@ -56,10 +57,11 @@ def plot(results, path: str | Path) -> None:
         a.set_xlabel("generator replicas")
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    ax[0].set_ylabel("updates/hour (simulated)")
+    ax[0].set_ylabel(f"{figure_label('updates_per_hour')}, simulated")
     ax[0].set_title("Throughput (circled: trainer saturated)")
     ax[1].axhline(SATURATED_WAIT_SHARE, ls="--", c="gray", lw=1)
-    ax[1].set_ylabel("trainer wait share")
+    ax[1].set_ylabel(figure_label("trainer_wait_share"))
+    ax[1].yaxis.set_major_formatter(PercentFormatter(1.0))  # shares in percent, as printed
     ax[1].set_title(f"Trainer wait (dashed: {SATURATED_WAIT_SHARE:.0%})")
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -68,19 +70,17 @@ def plot(results, path: str | Path) -> None:
 def table(results, title: str):
     from rich.table import Table
 
+    from opdflow.analysis.figures import label, show
+
     t = Table(title=title)
-    for head in ("generators", "k", "updates/h", "trainer wait", "mean staleness", "k end",
-                 "dropped"):  # fmt: skip
+    keys = ("updates_per_hour", "trainer_wait_share", "mean_staleness", "k_final")
+    for head in ("generators", "k", *map(label, keys), "dropped"):
         t.add_column(head, justify="right")
     for r in results:
-        u = r.updates_per_hour
         t.add_row(
             str(r.config.generators),
             str(r.config.k),
-            "n/a" if math.isnan(u) else f"{u:,.0f}",
-            f"{r.trainer_wait_share:.1%}",
-            f"{r.mean_staleness:.2f}",
-            str(r.k_final),
+            *(show(key, getattr(r, key)) for key in keys),
             str(r.dropped),
         )
     return t
@@ -126,6 +126,7 @@ def simulate(
     import pyarrow.parquet as pq
     from rich.console import Console
 
+    from opdflow.analysis.figures import show
     from opdflow.analysis.simulator import (
         SATURATED_WAIT_SHARE,
         SimConfig,
@@ -174,7 +175,7 @@ def simulate(
     else:
         console.print(
             f"smallest saturated configuration: {best.config.generators} generators, "
-            f"k={best.config.k} ({best.updates_per_hour:,.0f} updates/h, wait "
-            f"{best.trainer_wait_share:.1%}; rule: {rule})"
+            f"k={best.config.k} ({show('updates_per_hour', best.updates_per_hour)} updates/h, "
+            f"wait {show('trainer_wait_share', best.trainer_wait_share)}; rule: {rule})"
         )
     click.echo(f"table: {root / 'simulate.parquet'}  plot: {root / 'simulate.png'}")

@@ -11,18 +11,21 @@ import click
 
 from opdflow.commands.options import ks_option, pipeline_argument, set_option, steps_option
 
-_COLUMNS = [
-    ("run", "run", "{}"),
-    ("k_final", "k end", "{}"),
-    ("updates_per_hour", "updates/h", "{:.0f}"),
-    ("ratio_to_k0", "vs k=0", "{:.2f}x"),
-    ("trainer_wait_share", "wait", "{:.1%}"),
-    ("heldout_kl_end", "KL end", "{:.4f}"),
-    ("heldout_kl_equal_time", "KL @ equal t", "{:.4f}"),
-    ("d_stale_k1", "d_stale", "{:.2e}"),
-    ("wall_s", "wall s", "{:.1f}"),
-    ("knee", "knee", "{}"),
+COLUMNS = [
+    "run",
+    "k_final",
+    "updates_per_hour",
+    "ratio_to_k0",
+    "trainer_wait_share",
+    "heldout_accuracy_end",
+    "heldout_kl_end",
+    "heldout_kl_equal_time",
+    "d_stale_k1",
+    "wall_s",
+    "knee",
 ]
+"""The printed table's columns (sweep.parquet has them all); each figure is labelled and
+printed as analysis/figures.py says, as in the run summary and the report."""
 
 
 @click.command()
@@ -63,29 +66,21 @@ def sweep(pipeline: str, ks: str, steps: int | None, out: str | None, overrides:
 
 
 def print_table(rows: list[dict]) -> None:
-    import math
-
     from rich.console import Console
     from rich.table import Table
 
+    from opdflow.analysis.figures import label, show
     from opdflow.analysis.throughput import KNEE_SHARE
 
     t = Table(title="opdflow sweep: throughput vs staleness bound k")
-    for _, head, _ in _COLUMNS:
-        t.add_column(head, justify="right")
+    for key in COLUMNS:
+        t.add_column(label(key), justify="right")
     for r in rows:
-        t.add_row(
-            *[
-                "n/a"
-                if isinstance(r[key], float) and math.isnan(r[key])
-                else ("yes" if r[key] is True else "" if r[key] is False else fmt.format(r[key]))
-                for key, _, fmt in _COLUMNS
-            ]
-        )
+        t.add_row(*[("yes" if r[k] else "") if k == "knee" else show(k, r[k]) for k in COLUMNS])
     console = Console()
     console.print(t)
     console.print(
         f"knee: smallest fixed k reaching {KNEE_SHARE:.0%} of the best fixed k's updates/hour; "
-        f"KL @ equal t: held-out KL interpolated at the shortest run's wall time "
-        f"({rows[0]['equal_time_s']:.1f} s)"
+        f"held-out KL at equal wall time: interpolated at the shortest run's wall time "
+        f"({show('wall_s', rows[0]['equal_time_s'])})"
     )

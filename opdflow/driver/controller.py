@@ -34,6 +34,7 @@ from typing import Any
 
 from ray.exceptions import RayError
 
+from opdflow.analysis.figures import per_hour
 from opdflow.analysis.summary import summarize
 from opdflow.cluster.restarts import RestartLog
 from opdflow.cluster.supervisor import (
@@ -67,7 +68,9 @@ class Pending:
 
 @dataclass
 class StepClock:
-    """Step time and updates/hour after `warmup` steps, from the driver's clock."""
+    """Step time and updates/hour after `warmup` steps, from the driver's clock (the rate
+    is analysis/figures.py's `per_hour`, as the simulator's; the summary, the report and
+    the sweep table show the last step's)."""
 
     first_step: int
     warmup: int
@@ -89,7 +92,7 @@ class StepClock:
         timed = done_steps - self.first_step - self.warmup
         if timed == 0:
             self.t_warm = now
-        uph = 3600 * timed / (now - self.t_warm) if timed > 0 and self.t_warm else float("nan")
+        uph = per_hour(timed, now - self.t_warm) if self.t_warm else float("nan")
         return step_s, uph, now - self.t_start
 
 

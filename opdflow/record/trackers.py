@@ -7,7 +7,10 @@ TensorBoard, Weights & Biases and MLflow are chosen with `log.sinks` in the pipe
 `opdflow run --log wandb,tensorboard`. Every sink sees the same names as the metrics.parquet
 columns, with the same values except the profiler's STEP_COLUMNS: sinks keep the live
 estimate logged at the step, metrics.parquet the exact value recomputed at the end of the
-run (streaming sinks cannot rewrite history). The run's parameters (flattened config, recipe, k policy, package versions) are
+run (streaming sinks cannot rewrite history). A row's updates_per_hour is the driver's
+clock after warm-up: the summary, the report and the sweep table show the last row's, and
+their trainer wait share is the same rows' trainer_wait_s over step_s after warm-up
+(analysis/figures.py defines each run figure once). The run's parameters (flattened config, recipe, k policy, package versions) are
 logged once at open. Tracker packages are optional extras, imported only when chosen.
 MLflow logs to sqlite:///<run_dir>/mlflow.db unless a URI is given; file stores are refused.
 """

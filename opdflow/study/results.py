@@ -30,12 +30,6 @@ def canonical(recipe: str) -> str:
     return parse_recipe(recipe).text
 
 
-def _pooled(metrics: list[dict[str, Any]], key: str) -> float:
-    from opdflow.analysis.calibration import pooled_over_steps
-
-    return pooled_over_steps(metrics, key)
-
-
 def _tail(metrics: list[dict[str, Any]], key: str, n: int = 10) -> float:
     vals = [float(r[key]) for r in metrics[-n:] if r.get(key) is not None]
     vals = [v for v in vals if math.isfinite(v)]
@@ -74,16 +68,11 @@ class RunResult:
 
 
 def run_result(arm: Arm, seed: int, path: str | Path, seconds: float) -> RunResult:
+    from opdflow.analysis.figures import figures_of
     from opdflow.analysis.quality import load_run
 
     r = load_run(path)
-    first, last = r.versions[0], r.versions[-1]
-
-    def kl(version: int) -> float:
-        rows = r.heldout_at(version)
-        return sum(x["kl_sum"] for x in rows) / max(sum(x["tokens"] for x in rows), 1e-12)
-
-    rows = r.heldout_at(last)
+    fig = figures_of(r)  # held-out KL and accuracy as the summary and the report show them
     return RunResult(
         arm=arm.name,
         experiment=arm.experiment,
@@ -95,13 +84,13 @@ def run_result(arm: Arm, seed: int, path: str | Path, seconds: float) -> RunResu
         lr=float(r.config["train"]["lr"]),
         path=str(path),
         seconds=seconds,
-        d=_pooled(r.metrics, "d_total_k1"),
-        d_engine=_pooled(r.metrics, "d_engine_k1"),
-        d_engine_exact=_pooled(r.metrics, "d_engine_exact"),
-        d_stale=_pooled(r.metrics, "d_stale_k1"),
-        kl_start=kl(first),
-        kl_final=kl(last),
-        acc_final=sum(float(x["accuracy"]) for x in rows) / max(len(rows), 1),
+        d=fig.d_total_k1,
+        d_engine=fig.d_engine_k1,
+        d_engine_exact=fig.d_engine_exact,
+        d_stale=fig.d_stale_k1,
+        kl_start=fig.heldout_kl_start,
+        kl_final=fig.heldout_kl_end,
+        acc_final=fig.heldout_accuracy_end,
         entropy=_tail(r.metrics, "entropy"),
         length=_tail(r.metrics, "response_len"),
         reward=_tail(r.metrics, "train_reward"),

@@ -6,7 +6,7 @@ import pytest
 from support.report_runs import make_run, make_sweep
 
 from opdflow.analysis.bottleneck import bottleneck, busy_shares, run_shares
-from opdflow.analysis.curves import accuracy_curve, heldout_curve, version_times
+from opdflow.analysis.curves import heldout_curve, run_accuracy_curve, version_times
 from opdflow.analysis.report import write_report
 from opdflow.analysis.runs import Run, expand_run_dirs
 from opdflow.analysis.throughput import is_sweep, sweep_rows
@@ -16,10 +16,12 @@ from opdflow.record.profiler import union_seconds
 
 def test_bottleneck_rule():
     gen = bottleneck(0.33, 0.95, k=1)
-    assert gen.startswith("generation-bound: the trainer waits 33%") and "raise k (now k=1)" in gen
+    assert (
+        gen.startswith("generation-bound: the trainer waits 33.0%") and "raise k (now k=1)" in gen
+    )
     tr = bottleneck(0.01, 0.62)
     assert tr == (
-        "trainer-bound: generation idle 38%; more rollout workers will not help "
+        "trainer-bound: generation idle 38.0%; more rollout workers will not help "
         "(a faster learner will)"
     )
     assert bottleneck(0.05, 0.9).startswith("balanced")
@@ -72,7 +74,7 @@ def test_shares_from_spans_and_from_metrics(tmp_path):
     sh3 = run_shares(slow)
     assert sh3.trainer_wait == pytest.approx(0.0)
     assert bottleneck(sh3.trainer_wait, sh3.generator_busy).startswith(
-        "trainer-bound: generation idle 75%"
+        "trainer-bound: generation idle 75.0%"
     )
 
 
@@ -138,7 +140,7 @@ def test_accuracy_curve_plot_and_table_only_when_the_task_has_answers(tmp_path):
     import pyarrow.parquet as pq
 
     run = make_run(tmp_path, k=1, spans=False)
-    curve = accuracy_curve(Run(run))
+    curve = run_accuracy_curve(Run(run))
     assert [v for v, _ in curve] == [0, 4, 8, 12]
     assert curve[0][1] == pytest.approx(0.25) and curve[-1][1] == pytest.approx(0.85)
     page = write_report([run], tmp_path / "with").read_text()
@@ -150,7 +152,7 @@ def test_accuracy_curve_plot_and_table_only_when_the_task_has_answers(tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     cfg["data"]["heldout"] = str(prompts)
     (run / "config.json").write_text(json.dumps(cfg))
-    assert accuracy_curve(Run(run)) == []
+    assert run_accuracy_curve(Run(run)) == []
     page = write_report([run], tmp_path / "without").read_text()
     assert "held-out accuracy" not in page.lower()
     assert not (tmp_path / "without" / "heldout_accuracy_vs_step.png").exists()

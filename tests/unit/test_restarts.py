@@ -54,6 +54,6 @@ def test_the_summary_line_flags_a_run_slowed_by_restarts():
     assert restarts_line({}).startswith("n/a")
     assert restarts_line({"restarts": {}, "restart_slowdown": 0.0}) == "none"
     line = restarts_line({"restarts": {"teacher": 1, "generator": 2}, "restart_slowdown": 0.57})
-    assert line == "generator 2, teacher 1: cost 57% of updates/hour (RESTARTS SLOWED THIS RUN)"
+    assert line == "generator 2, teacher 1: cost 57.0% of updates/hour (RESTARTS SLOWED THIS RUN)"
     cheap = {"restarts": {"generator": 1}, "restart_slowdown": RESTART_FLAG_SHARE / 2}
     assert "SLOWED" not in restarts_line(cheap)

@@ -72,7 +72,7 @@ def test_the_summary_line_names_each_loss():
     s = {"learner_losses": learner_losses([_recovered()], 360.0, 36)}
     assert learner_losses_line(s) == (
         "rank 1 (node 198.18.0.12) lost at step 15, rewound to 10: 5 steps replayed, "
-        "recovered in 20.0 s, cost 33 updates/hour (8%)"
+        "recovered in 20.0 s, cost 33 updates/hour (8.3%)"
     )
     assert learner_losses_line({"learner_losses": []}) == "none"
     assert learner_losses_line({}).startswith("n/a")
