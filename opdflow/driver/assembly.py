@@ -362,6 +362,19 @@ class Stages:
             }
         return done
 
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def begin(self, run: RunDir, first: int) -> None:
+        """Record which transport each consumer's fetches use; a run from step 0 launches
+        the held-out evaluation of version 0."""
+        run.event("weights", **self.transport_event())
+        if first == 0:
+            self.evaluate(0)
+
     def shutdown(self) -> None:
         """Kill every actor (the placement groups and Ray belong to the wiring and session)."""
         for actor in self.actors().values():

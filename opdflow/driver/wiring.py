@@ -257,6 +257,12 @@ class RunWiring:
         run.event("export", step=step, path=str(out))
         return out
 
+    def __enter__(self) -> RunWiring:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop the node watch, close the trackers and remove the placement groups."""
         if self.watch is not None:
