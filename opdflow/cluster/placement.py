@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from opdflow.config import STAGES, PipelineConfig, ResourcesConfig, StageResources
+from opdflow.core.actor_name import actor_name, stage_of
 from opdflow.errors import ConfigError
 
 LIGHT_CPU = 0.01
@@ -46,12 +47,6 @@ def cpu_need(cfg: PipelineConfig) -> float:
         + r.learner.num_cpus * r.learner.workers
         + sum(s.num_cpus for s in (r.rescorer, r.teacher, r.evaluator))
     )
-
-
-def actor_name(stage: str, index: int, count: int = 1) -> str:
-    """How stages' actors are named (Stages.actors): generator[i]; a data-parallel learner's
-    ranks learner[i]; the others (and a single learner) by stage."""
-    return f"{stage}[{index}]" if stage == "generator" or count > 1 else stage
 
 
 class Placement:
@@ -277,7 +272,7 @@ def fit(
     for name, b in rest:
         i = next((i for i, f in enumerate(free) if _fits(f, b)), None)
         if i is None:
-            stage = name.split("[")[0]
+            stage = stage_of(name)
             raise ConfigError(
                 f"{name} (resources.{stage}) needs {b} and no node has it left; free: {left()}"
             )

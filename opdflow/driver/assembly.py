@@ -19,6 +19,7 @@ from ray.exceptions import RayError
 from opdflow.cluster.placement import Placement, actor_options
 from opdflow.cluster.supervisor import StageFailed
 from opdflow.config import PipelineConfig, StageResources
+from opdflow.core.actor_name import actor_name, stage_of
 from opdflow.core.policy import make_policy
 from opdflow.core.staleness import StalenessPolicy
 from opdflow.driver.wiring import RunInputs
@@ -184,10 +185,9 @@ class Stages:
         st.await_started(cfg.reliability.startup_timeout_s)
         return st
 
-    def actors(self, generator_name: str = "generator[{}]") -> dict[str, Any]:
-        """Every actor by stage name; generators named by `generator_name` and their index
-        (span_actors: the names profiler spans carry)."""
-        named = {generator_name.format(i): w for i, w in enumerate(self.pool.workers)}
+    def actors(self) -> dict[str, Any]:
+        """Every actor by its name (core/actor_name.py): in events, metrics, spans, restarts."""
+        named = {actor_name("generator", i): w for i, w in enumerate(self.pool.workers)}
         named.update(
             rescorer=self.rescorer,
             teacher=self.teacher,
@@ -195,10 +195,6 @@ class Stages:
             evaluator=self.evaluator,
         )
         return named
-
-    def span_actors(self) -> dict[str, Any]:
-        """Every actor by the name its profiler spans carry (generator/i)."""
-        return self.actors("generator/{}")
 
     def await_started(self, timeout_s: float) -> None:
         """Wait until every actor runs. An actor that fails to start stops the run at once
@@ -219,7 +215,7 @@ class Stages:
                     self.shutdown()
                     node = node_in(exc)
                     raise StageFailed(
-                        name.split("[")[0],
+                        stage_of(name),
                         f"{name} did not start{f' on node {node}' if node else ''}: "
                         + first_line(exc),
                     ) from None
@@ -229,7 +225,7 @@ class Stages:
         where = {n: where_started(named[n]) for n in missing}
         self.shutdown()
         r = self.cfg.resources
-        unplaced = {n: getattr(r, n.split("[")[0]) for n in missing if where[n] is None}
+        unplaced = {n: getattr(r, stage_of(n)) for n in missing if where[n] is None}
         starting = [f"{n} (on node {where[n]})" for n in missing if where[n] is not None]
         parts = []
         if unplaced:

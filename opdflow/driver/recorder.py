@@ -110,7 +110,7 @@ class StepRecorder:
     ):  # fmt: skip
         """Starts the profiler over every stage actor, and with it the run clock."""
         self.cfg, self.run, self.st, self.wiring, self.on_step = cfg, run, st, wiring, on_step
-        self.prof = wiring.profiler(st.span_actors())  # the run clock starts here
+        self.prof = wiring.profiler(st.actors())  # the run clock starts here
         self.rows = RowQueue(self.evaluated, self.emit, first)
         self.clock = StepClock(first, cfg.warmup_steps)
         self.restarts = RestartLog()

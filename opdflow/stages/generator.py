@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from opdflow.cluster.supervisor import Link
+from opdflow.core.actor_name import actor_name
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, merge_requests
 from opdflow.stages.actor import StageActor, pin_threads
@@ -243,7 +244,9 @@ class GeneratorPool:
             rep.inflight[batch_ref] = t_ref
             rep.last_busy = self.clock()
             self._owner[batch_ref] = rep
-            links.append(Link(f"generator[{self.replicas.index(rep)}]", rep.handle, batch_ref))
+            links.append(
+                Link(actor_name("generator", self.replicas.index(rep)), rep.handle, batch_ref)
+            )
         self._peak_queued = max(self._peak_queued, len(self._owner))
         return links
 

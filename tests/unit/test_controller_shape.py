@@ -15,9 +15,7 @@ MAX_LINES = 50
 
 def _run_pipeline() -> ast.FunctionDef:
     tree = ast.parse(CONTROLLER.read_text())
-    return next(
-        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_pipeline"
-    )
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_pipeline")
 
 
 def test_run_pipeline_fits_on_one_screen():
