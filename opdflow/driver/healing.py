@@ -155,7 +155,7 @@ class Healer:
         slots, pg = placed
         if pg is not None:  # the run's groups: released with the run at the latest
             self.wiring.placement.pgs.append(pg)
-        leader = make_learner(cfg, self.wiring.inputs.models.student, slots, timeline)
+        leader = make_learner(self.st.specs.learner, self.wiring.placement, slots, timeline)
         ready, _ = ray.wait([leader.pid.remote()], timeout=rel.startup_timeout_s)
         try:
             if not ready:

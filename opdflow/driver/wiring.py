@@ -98,7 +98,7 @@ def reserve_placement(cfg: PipelineConfig) -> Placement:
     if not ray.is_initialized():
         raise RuntimeError("a run needs a connected Ray: run it in a driver.session.Session")
     timeout = cfg.reliability.startup_timeout_s
-    placement = Placement(cfg.resources, grouped_actors(cfg))
+    placement = Placement(cfg.resources, grouped_actors(cfg), cfg.reliability.max_restarts)
     unplaced = placement.reserve(timeout)
     if unplaced:
         have = ray.cluster_resources()
