@@ -51,8 +51,7 @@ def run_pipeline(
     inputs: RunInputs | None = None,
 ) -> dict:  # fmt: skip
     """Train cfg.train.steps learner steps (from `resume` if given) in a connected Ray (a
-    Session connects it); returns the run summary. `inputs`: what the session read before
-    it created the run directory (read here when not given)."""
+    Session's); returns the run summary. `inputs`: what the session read (else read here)."""
     inputs = inputs or RunInputs.for_run(cfg, run, resume)
     with (
         RunWiring.open(cfg, run, inputs) as wiring,  # trackers (params logged once), placement
@@ -62,6 +61,7 @@ def run_pipeline(
         on_start(st)
         first, steps = st.restore(resume, run), cfg.train.steps
         flight = Rollouts.start(cfg, run, st, wiring, first, resume)  # nothing in flight yet
+        gate = flight.gate  # the launch rule: steps launched, batches dropped
         st.begin(run, first)
         flight.launch_ready()  # within the staleness bound
         rec = StepRecorder(cfg, run, st, wiring, first, on_step)  # the run clock starts
@@ -87,11 +87,11 @@ def run_pipeline(
                     healer.commit()  # a checkpoint once complete
                     step += 1
                 except (LearnerLost, RayError) as exc:  # anything else is not healed
-                    step = healer.heal(exc, step, flight.pending, flight.gate, rec.rows)
+                    step = healer.heal(exc, step, flight.pending, gate, rec.rows)
         rec.finish()
         healer.checkpoint(steps, flight.state(), wait=True)
         wiring.export_final(steps)
-        summary = summarize(run, healer.get(st.learner.record.remote()), flight.gate.dropped, first)
+        summary = summarize(run, healer.get(st.learner.record.remote()), gate.dropped, first)
         run.write_json("summary.json", summary)
         return summary
 
