@@ -45,6 +45,7 @@ from opdflow.analysis.lengths import LengthModel
 from opdflow.analysis.machine import Machine, Task
 from opdflow.analysis.stage_times import StageTimes
 from opdflow.config import StalenessConfig
+from opdflow.core.actor_name import actor_name
 from opdflow.core.launch import Launches
 from opdflow.core.policy import ADAPTIVE, KToken, make_policy, settings_for, sweep_k_max
 from opdflow.core.staleness import Decision, StalenessPolicy, StepObservation
@@ -197,7 +198,7 @@ class Dataflow:
         t, cfg, m = self.t, self.cfg, self.machine
         prompts = cfg.prompts_per_step or t.prompts_per_step
         parts = min(cfg.generators, prompts)
-        counts = [m.unfinished(f"generator/{j}") for j in range(cfg.generators)]
+        counts = [m.unfinished(actor_name("generator", j)) for j in range(cfg.generators)]
         chunks, tokens = [], 0.0
         for i in range(parts):
             n = len(range(i, prompts, parts)) * t.responses_per_prompt
@@ -208,7 +209,7 @@ class Dataflow:
                 self.gen_holds[idx] = version
             lengths = self.lengths.draw(self.rng, n, cfg.response_length_scale)
             work += self.pick(self.gen_rate) * n * float(lengths.max())
-            chunks.append(m.submit(Task(f"generator/{idx}", work)))
+            chunks.append(m.submit(Task(actor_name("generator", idx), work)))
             counts[idx] += 1
             tokens += float(lengths.sum())
         work = self.pick(t.rescorer_s_per_token) * tokens / cfg.scorer_speedup

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from opdflow.analysis.runs import read_run
+from opdflow.core.actor_name import stage_of
 from opdflow.errors import ConfigError
 
 
@@ -99,7 +100,7 @@ class StageTimes:
                 for s in spans
                 if s["stage"] == stage
                 and s["step"] in keep
-                and (actor is None or s["actor"].split("/")[0] == actor)
+                and (actor is None or stage_of(s["actor"]) == actor)
             ]
 
         def secs(rows: list[dict]) -> np.ndarray:

@@ -8,6 +8,7 @@ placed from one that failed to start; supervisor.py turns a dead or stuck stage 
 restart or a clear error, restarts.py records each restart, and nodes.py turns Ray's node
 table into the run's node-loss events.
 
-May import: opdflow.config, opdflow.errors; ray (lazily). Imported by memory/ (placement,
-cluster files), stages/ (start-up), driver/, study/ and commands/.
+May import: opdflow.core (actor names), opdflow.config, opdflow.errors; ray (lazily).
+Imported by memory/ (placement, cluster files), stages/ (start-up), driver/, study/ and
+commands/.
 """

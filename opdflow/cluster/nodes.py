@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opdflow.config import ResourcesConfig
+from opdflow.core.actor_name import stage_of
 
 PERIOD_S = 1.0
 """Seconds between polls of the node table."""
@@ -163,9 +164,7 @@ class NodeWatch:
         ours = {aid: names[aid] for aid in there if aid in names}
         ranks = [aid for aid in there if aid not in names
                  and (table.get(aid) or {}).get("ActorClassName") == "LearnerActor"]  # fmt: skip
-        stages = sorted(
-            {n.split("[")[0] for n in ours.values()} | ({"learner"} if ranks else set())
-        )
+        stages = sorted({stage_of(n) for n in ours.values()} | ({"learner"} if ranks else set()))
         replayed = self._in_flight_on(set(there))
         self.run.event("node_lost", node=ip, node_id=nid, step=self.step, stages=stages,
                        actors=sorted(ours.values()) + [f"learner rank>0 ({len(ranks)})"] * bool(ranks),
@@ -228,7 +227,7 @@ class NodeWatch:
 
     def waits_for(self, name: str) -> str:
         """What a lost actor waits for: what it needs, and whether an alive node has it."""
-        res = getattr(self.resources, name.split("[")[0], None)
+        res = getattr(self.resources, stage_of(name), None)
         need = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources} if res else {}
         need = {k: v for k, v in need.items() if v}
         fits = [v["ip"] for v in self.nodes.values()

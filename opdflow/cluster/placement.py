@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from opdflow.config import STAGES, PipelineConfig, ResourcesConfig, StageResources
+from opdflow.core.actor_name import actor_name, stage_of
 from opdflow.errors import ConfigError
 
 LIGHT_CPU = 0.01
@@ -48,16 +49,19 @@ def cpu_need(cfg: PipelineConfig) -> float:
     )
 
 
-def actor_name(stage: str, index: int, count: int = 1) -> str:
-    """How stages' actors are named (Stages.actors): generator[i]; a data-parallel learner's
-    ranks learner[i]; the others (and a single learner) by stage."""
-    return f"{stage}[{index}]" if stage == "generator" or count > 1 else stage
+NEXT: Any = object()
+"""Placement.options' default place: the stage's next free bundle (None outside groups)."""
 
 
 class Placement:
-    """The run's placement groups, and the next free bundle of each grouped stage."""
+    """The run's placement groups, the next free bundle of each grouped stage, and each
+    stage's Ray actor options (`options`)."""
 
-    def __init__(self, resources: ResourcesConfig, actors_per_stage: dict[str, int]):
+    def __init__(
+        self, resources: ResourcesConfig, actors_per_stage: dict[str, int], max_restarts: int = 0
+    ):
+        """`max_restarts`: reliability.max_restarts, of every stage actor but the learner's."""
+        self.resources, self.max_restarts = resources, max_restarts
         self.strategy = resources.placement.strategy
         self.groups: list[tuple[list[str], list[dict[str, float]]]] = []
         self.actors: list[list[str]] = []  # per group, the actor of each bundle
@@ -87,6 +91,18 @@ class Placement:
             if not ready:
                 missing.append(f"group {'+'.join(stages)} ({self.strategy}): bundles {bundles}")
         return "; ".join(missing) or None
+
+    def options(self, stage: str, where: Any = NEXT) -> dict[str, Any]:
+        """The Ray options of the stage's next actor, all in one: its resources
+        (resources.<stage>), its restarts (max_restarts; none for the learner, whose
+        state Ray cannot restore: it heals) and its place: the stage's next bundle, or
+        `where` (a scheduling strategy; None: anywhere)."""
+        restarts = 0 if stage == "learner" else self.max_restarts
+        opts = actor_options(getattr(self.resources, stage), max_restarts=restarts)
+        where = self.scheduling(stage) if where is NEXT else where
+        if where is not None:
+            opts["scheduling_strategy"] = where
+        return opts
 
     def scheduling(self, stage: str) -> Any:
         """The scheduling strategy of the stage's next actor (None: outside any group)."""
@@ -277,7 +293,7 @@ def fit(
     for name, b in rest:
         i = next((i for i, f in enumerate(free) if _fits(f, b)), None)
         if i is None:
-            stage = name.split("[")[0]
+            stage = stage_of(name)
             raise ConfigError(
                 f"{name} (resources.{stage}) needs {b} and no node has it left; free: {left()}"
             )

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from opdflow.core.actor_name import stage_of
+
 RESTART_FLAG_SHARE = 0.10
 """The summary flags a run whose restarts cost at least this share of its updates/hour."""
 
@@ -31,11 +33,6 @@ def ray_restart_count(actor: Any) -> int | None:
         return int(state.actors(actor._actor_id.hex())["NumRestarts"])
     except Exception:
         return None
-
-
-def stage_of(actor_name: str) -> str:
-    """'generator[1]' -> 'generator'."""
-    return actor_name.split("[", 1)[0]
 
 
 class RestartLog:

@@ -1,14 +1,15 @@
 """Stages: builds every actor of a run from its config and holds what the controller uses.
 
 Kept apart from the controller so the dataflow there stays one screen: here are the
-details of prompts, actor options, the staleness policy and held-out evaluation. The
+details of prompts, the staleness policy and held-out evaluation. Each actor is built from
+its spec (stages/specs.py: `StageSpecs`, made once from the pipeline config) with the Ray
+options `Placement.options(stage)` gives. The
 runtime the actors live in (Ray, placement groups, checkpoints, trackers, the profiler)
 is wired by the session and wiring.py and handed in; nothing here connects or places.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from opdflow.cluster.placement import Placement, actor_options
+from opdflow.cluster.placement import Placement
 from opdflow.cluster.supervisor import StageFailed
-from opdflow.config import PipelineConfig, StageResources
+from opdflow.config import PipelineConfig
+from opdflow.core.actor_name import actor_name, stage_of
 from opdflow.core.policy import make_policy
 from opdflow.core.staleness import StalenessPolicy
 from opdflow.driver.wiring import RunInputs
@@ -26,6 +28,7 @@ from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.inputs.data import PromptSampler, PromptSet
 from opdflow.record.checkpoint import Checkpoint
 from opdflow.record.rundir import RunDir
+from opdflow.stages.specs import LearnerSpec, StageSpecs
 from opdflow.weights.store import WeightStore
 from opdflow.weights.transport import ObjectStore, Transport, for_pipeline
 
@@ -35,33 +38,23 @@ def learner_slots(cfg: PipelineConfig, placement: Placement) -> list[Any]:
     return [placement.scheduling("learner") for _ in range(cfg.resources.learner.workers)]
 
 
-def make_learner(cfg: PipelineConfig, student: str, slots: list[Any], timeline: int = 0) -> Any:
+def make_learner(
+    spec: LearnerSpec, placement: Placement, slots: list[Any], timeline: int = 0
+) -> Any:
     """The learner actor: rank 0 of len(slots) ranks, each placed by its slot (a scheduling
     strategy or None); rank 0 starts the others. `timeline`: the group's number in the run
     (0; one more each time the learner heals)."""
     from opdflow.stages.learner_actor import learner_class
 
-    res = dataclasses.replace(cfg.resources.learner, workers=len(slots))
-    peers = []
-    for where in slots[1:]:
-        opts = actor_options(res)
-        if where is not None:
-            opts["scheduling_strategy"] = where
-        peers.append(opts)
-    args = (student, cfg.train, cfg.seed, res, for_pipeline(cfg), peers)
-    return _actor(learner_class(), res, 0, *args, timeline=timeline, scheduling=slots[0])
+    peers = [placement.options("learner", where) for where in slots[1:]]
+    lead = placement.options("learner", slots[0])
+    return _actor(learner_class(), lead, spec.with_workers(len(slots)), peers, timeline=timeline)
 
 
-def _actor(
-    cls: Any, res: StageResources, restarts: int, *args: Any, scheduling: Any = None,
-    **kwargs: Any,
-) -> Any:  # fmt: skip
+def _actor(cls: Any, options: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
     """An actor of `cls` (a plain class, or one already wrapped by ray.remote)."""
-    opts = actor_options(res, max_restarts=restarts)
-    if scheduling is not None:
-        opts["scheduling_strategy"] = scheduling
     remote = cls if hasattr(cls, "remote") else ray.remote(cls)
-    return remote.options(**opts).remote(*args, **kwargs)
+    return remote.options(**options).remote(*args, **kwargs)
 
 
 @dataclass
@@ -79,6 +72,8 @@ class Stages:
     sampler: PromptSampler
     sampling: SamplingParams
     policy: StalenessPolicy
+    specs: StageSpecs
+    """What each actor was built from (a healed learner group is built from it again)."""
     store: WeightStore = field(default_factory=WeightStore)
     evals: dict[int, Any] = field(default_factory=dict)
     transport: Transport = field(default_factory=ObjectStore)
@@ -98,96 +93,41 @@ class Stages:
         from opdflow.stages.rescorer import RescorerActor
         from opdflow.stages.teacher import TeacherActor
 
-        paths, tok, d = inputs.models, inputs.tokenizer, cfg.data
-        train_set, heldout_set = inputs.train_set, inputs.heldout_set
-        r, e, restarts = cfg.resources, cfg.engine, cfg.reliability.max_restarts
-        gen_args = (paths.student, tok.pad_token_id, tok.eos_token_id, e.kind, e.recipe)
-        longest = d.max_prompt_tokens + e.max_new_tokens  # vLLM's max_model_len
-        vllm = {"tensor_parallel_size": e.tensor_parallel_size, "max_model_len": longest,
-                "gpu_memory_utilization": e.gpu_memory_utilization}  # fmt: skip
+        tok, e, opts = inputs.tokenizer, cfg.engine, placement.options
+        specs = StageSpecs.of(cfg, inputs.models, tok)  # every actor's config, made once
 
         def make_worker() -> Any:
-            return _actor(
-                GeneratorWorker,
-                r.generator,
-                restarts,
-                *gen_args,
-                r.generator.torch_threads,
-                paths.tokenizer,
-                d.grader,
-                d.grader_timeout_s,
-                vllm if e.kind == "vllm" else None,
-                scheduling=placement.scheduling("generator"),
-            )
+            return _actor(GeneratorWorker, opts("generator"), specs.generator)
 
         workers = [make_worker() for _ in range(e.replicas)]
-        chunk, budget = cfg.train.logit_chunk_tokens, cfg.train.micro_batch_tokens
-        exact = len(tok) <= e.exact_kl_max_vocab
         slots = learner_slots(cfg, placement)
         st = cls(
             cfg=cfg,
             pool=GeneratorPool(
                 workers, make_worker, e.min_replicas, e.max_replicas, e.scale_down_idle_s
             ),
-            rescorer=_actor(
-                RescorerActor,
-                r.rescorer,
-                restarts,
-                paths.student,
-                r.rescorer.torch_threads,
-                e.temperature,
-                chunk,
-                budget,
-                scheduling=placement.scheduling("rescorer"),
-            ),
-            teacher=_actor(
-                TeacherActor,
-                r.teacher,
-                restarts,
-                paths.teacher,
-                r.teacher.torch_threads,
-                chunk,
-                budget,
-                scheduling=placement.scheduling("teacher"),
-            ),
+            rescorer=_actor(RescorerActor, opts("rescorer"), specs.rescorer),
+            teacher=_actor(TeacherActor, opts("teacher"), specs.teacher),
             # the learner holds the run's state: not restarted by Ray, it heals (healing.py)
-            learner=make_learner(cfg, paths.student, slots),
-            evaluator=_actor(
-                EvaluatorActor,
-                r.evaluator,
-                restarts,
-                paths.student,
-                paths.teacher,
-                paths.tokenizer,
-                r.evaluator.torch_threads,
-                chunk,
-                budget,
-                cfg.eval.batch_prompts,
-                scheduling=placement.scheduling("evaluator"),
-                options={
-                    "engine_kind": e.kind,
-                    "grader": d.grader,
-                    "grader_timeout_s": d.grader_timeout_s,
-                    "vllm_gpu_memory_utilization": cfg.eval.vllm_gpu_memory_utilization,
-                    "max_model_len": longest,
-                    "keep_texts": cfg.eval.save_responses,
-                },
+            learner=make_learner(specs.learner, placement, slots),
+            evaluator=_actor(EvaluatorActor, opts("evaluator"), specs.evaluator),
+            train_set=inputs.train_set,
+            heldout_set=inputs.heldout_set,
+            sampler=PromptSampler(len(inputs.train_set), cfg.data.prompts_per_step, cfg.seed),
+            sampling=SamplingParams(
+                e.temperature, e.top_p, e.max_new_tokens, len(tok) <= e.exact_kl_max_vocab
             ),
-            train_set=train_set,
-            heldout_set=heldout_set,
-            sampler=PromptSampler(len(train_set), cfg.data.prompts_per_step, cfg.seed),
-            sampling=SamplingParams(e.temperature, e.top_p, e.max_new_tokens, exact),
             policy=make_policy(cfg.staleness),
             transport=for_pipeline(cfg),
+            specs=specs,
             learner_slots=slots,
         )
         st.await_started(cfg.reliability.startup_timeout_s)
         return st
 
-    def actors(self, generator_name: str = "generator[{}]") -> dict[str, Any]:
-        """Every actor by stage name; generators named by `generator_name` and their index
-        (span_actors: the names profiler spans carry)."""
-        named = {generator_name.format(i): w for i, w in enumerate(self.pool.workers)}
+    def actors(self) -> dict[str, Any]:
+        """Every actor by its name (core/actor_name.py): in events, metrics, spans, restarts."""
+        named = {actor_name("generator", i): w for i, w in enumerate(self.pool.workers)}
         named.update(
             rescorer=self.rescorer,
             teacher=self.teacher,
@@ -195,10 +135,6 @@ class Stages:
             evaluator=self.evaluator,
         )
         return named
-
-    def span_actors(self) -> dict[str, Any]:
-        """Every actor by the name its profiler spans carry (generator/i)."""
-        return self.actors("generator/{}")
 
     def await_started(self, timeout_s: float) -> None:
         """Wait until every actor runs. An actor that fails to start stops the run at once
@@ -219,7 +155,7 @@ class Stages:
                     self.shutdown()
                     node = node_in(exc)
                     raise StageFailed(
-                        name.split("[")[0],
+                        stage_of(name),
                         f"{name} did not start{f' on node {node}' if node else ''}: "
                         + first_line(exc),
                     ) from None
@@ -229,7 +165,7 @@ class Stages:
         where = {n: where_started(named[n]) for n in missing}
         self.shutdown()
         r = self.cfg.resources
-        unplaced = {n: getattr(r, n.split("[")[0]) for n in missing if where[n] is None}
+        unplaced = {n: getattr(r, stage_of(n)) for n in missing if where[n] is None}
         starting = [f"{n} (on node {where[n]})" for n in missing if where[n] is not None]
         parts = []
         if unplaced:
@@ -361,6 +297,19 @@ class Stages:
                 "heldout_accuracy": res["accuracy"],
             }
         return done
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def begin(self, run: RunDir, first: int) -> None:
+        """Record which transport each consumer's fetches use; a run from step 0 launches
+        the held-out evaluation of version 0."""
+        run.event("weights", **self.transport_event())
+        if first == 0:
+            self.evaluate(0)
 
     def shutdown(self) -> None:
         """Kill every actor (the placement groups and Ray belong to the wiring and session)."""

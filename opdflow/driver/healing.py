@@ -70,6 +70,18 @@ class Healer:
         """A learner call's result, or LearnerLost as soon as a rank is lost."""
         return self.group.get(ref)
 
+    def checkpoint(self, step: int, state: dict[str, Any], wait: bool = False) -> None:
+        """The learner's checkpoint after `step` steps, with the loop's `state` (written in
+        the background, committed once complete: RunWiring.checkpoint); wait: committed
+        before this returns."""
+        self.wiring.checkpoint(self.st.learner, state, step, self.get)
+        if wait:
+            self.commit(wait=True)
+
+    def commit(self, wait: bool = False) -> None:
+        """Commit the checkpoint being written once complete (wait: until it is)."""
+        self.wiring.commit_written(self.st.learner, self.get, wait)
+
     def train(self, step: int, job_ref: Any, links: list[Link]) -> dict[str, Any]:
         """The learner's step on the batch `job_ref` (the last of `links`): LearnerLost if a
         rank is lost, else a batch's failed stage is named (diagnose)."""
@@ -143,7 +155,7 @@ class Healer:
         slots, pg = placed
         if pg is not None:  # the run's groups: released with the run at the latest
             self.wiring.placement.pgs.append(pg)
-        leader = make_learner(cfg, self.wiring.inputs.models.student, slots, timeline)
+        leader = make_learner(self.st.specs.learner, self.wiring.placement, slots, timeline)
         ready, _ = ray.wait([leader.pid.remote()], timeout=rel.startup_timeout_s)
         try:
             if not ready:

@@ -98,7 +98,7 @@ def reserve_placement(cfg: PipelineConfig) -> Placement:
     if not ray.is_initialized():
         raise RuntimeError("a run needs a connected Ray: run it in a driver.session.Session")
     timeout = cfg.reliability.startup_timeout_s
-    placement = Placement(cfg.resources, grouped_actors(cfg))
+    placement = Placement(cfg.resources, grouped_actors(cfg), cfg.reliability.max_restarts)
     unplaced = placement.reserve(timeout)
     if unplaced:
         have = ray.cluster_resources()
@@ -256,6 +256,12 @@ class RunWiring:
         )  # fmt: skip
         run.event("export", step=step, path=str(out))
         return out
+
+    def __enter__(self) -> RunWiring:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Stop the node watch, close the trackers and remove the placement groups."""

@@ -196,7 +196,7 @@ def shapes(cfg: PipelineConfig) -> tuple[ModelShape, ModelShape]:
 def plan_pipeline(cfg: PipelineConfig, gpu_of: GpuOf, log: Log | None = None) -> MemoryPlan:
     """The plan of every GPU actor of `cfg` (`gpu_of` gives each actor's GPU); actors of a
     stage on GPUs of one size share one plan. `log` hears what is being traced."""
-    from opdflow.cluster.placement import actor_name
+    from opdflow.core.actor_name import actor_name
 
     log = log or (lambda _msg: None)
     r = cfg.resources

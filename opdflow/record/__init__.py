@@ -6,7 +6,7 @@ committed atomically, written in the background); profiler.py collects every sta
 spans into spans.parquet; trackers.py sends metrics to TensorBoard, W&B or MLflow beside
 metrics.parquet; export.py writes the finished run's student as a Hugging Face checkpoint.
 
-May import: opdflow.config, opdflow.errors, opdflow.inputs (the student's tokenizer for
-export), opdflow.testbed (a tiny student rebuilt for export); torch, transformers and ray
-lazily. Imported by stages/, analysis/, driver/, study/ and commands/.
+May import: opdflow.core (actor names), opdflow.config, opdflow.errors, opdflow.inputs
+(the student's tokenizer for export), opdflow.testbed (a tiny student rebuilt for export);
+torch, transformers and ray lazily. Imported by stages/, analysis/, driver/, study/ and commands/.
 """

@@ -29,10 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from opdflow.core.actor_name import stage_of
+
 STAGES = ("generator", "rescorer", "teacher", "learner", "evaluator", "publish", "fetch")
 """Every span's stage."""
 ACTOR_KINDS = ("generator", "rescorer", "teacher", "learner", "evaluator")
-"""Actor labels are KIND or KIND/INDEX; busy shares are per kind."""
+"""Actors are named as core/actor_name.py says (KIND or KIND[INDEX]); busy shares are per
+kind."""
 
 STEP_COLUMNS = (*(f"busy_share_{kind}" for kind in ACTOR_KINDS), "fetch_s", "fetch_bytes")
 """The metrics columns step_columns fills: live estimates when a step is logged (spans still
@@ -126,10 +129,6 @@ def union_seconds(
     return total
 
 
-def actor_kind(actor: str) -> str:
-    return actor.split("/", 1)[0]
-
-
 def step_columns(spans: list[Span], a: float, b: float, actors: list[str]) -> dict[str, float]:
     """Per-step profiler columns for the step that ran over [a, b] (run clock).
 
@@ -148,7 +147,7 @@ def step_columns(spans: list[Span], a: float, b: float, actors: list[str]) -> di
             fetch_s += s.seconds
             fetch_bytes += s.bytes
     for kind in ACTOR_KINDS:
-        members = [x for x in by_actor if actor_kind(x) == kind]
+        members = [x for x in by_actor if stage_of(x) == kind]
         shares = [union_seconds(by_actor[x], a, b) / length for x in members]
         out[f"busy_share_{kind}"] = sum(shares) / len(shares) if shares else float("nan")
     out["fetch_s"] = fetch_s
@@ -160,7 +159,7 @@ def chrome_trace(spans: list[Span]) -> dict[str, Any]:
     """Chrome/Perfetto trace events: one thread per actor, one complete event per span."""
 
     def order(actor: str) -> tuple[int, str]:
-        kind = actor_kind(actor)
+        kind = stage_of(actor)
         return (ACTOR_KINDS.index(kind) if kind in ACTOR_KINDS else len(ACTOR_KINDS), actor)
 
     actors = sorted({s.actor for s in spans}, key=order)

@@ -28,6 +28,7 @@ from opdflow.compute.device import stage_device
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, exact_kl_batch
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.stages.actor import StageActor, pin_threads
+from opdflow.stages.specs import EvaluatorSpec
 from opdflow.testbed.task import correctness, decoded_responses
 from opdflow.weights.version import WeightsRef
 
@@ -138,10 +139,12 @@ class Evaluator:
 class EvaluatorActor(StageActor):
     """The evaluator as a Ray actor: fetches the version to evaluate, records its span."""
 
-    def __init__(self, student_path: str, teacher_path: str, tokenizer_path: str, threads: int,
-                 *args: Any, options: dict[str, Any] | None = None):  # fmt: skip
-        pin_threads(threads)
-        self.stage = Evaluator(student_path, teacher_path, tokenizer_path, *args, **(options or {}))
+    def __init__(self, spec: EvaluatorSpec):
+        pin_threads(spec.threads)
+        self.stage = Evaluator(
+            spec.student, spec.teacher, spec.tokenizer, spec.chunk_tokens,
+            spec.micro_batch_tokens, spec.batch_prompts, **spec.evaluator_options(),
+        )  # fmt: skip
 
     def engine_kind(self) -> str:
         """Which engine generates the held-out responses ("torch" or "vllm")."""

@@ -22,48 +22,38 @@ from typing import Any
 import ray
 
 from opdflow.cluster.supervisor import Link
+from opdflow.core.actor_name import actor_name
 from opdflow.core.rollout import RolloutBatch
 from opdflow.engines.base import GenerationRequest, merge_requests
 from opdflow.stages.actor import StageActor, pin_threads
+from opdflow.stages.specs import GeneratorSpec
 from opdflow.weights.version import WeightsRef
 
 
 class GeneratorWorker(StageActor):
     """One rollout engine replica (a Ray actor)."""
 
-    def __init__(
-        self,
-        model_path: str,
-        pad_id: int,
-        eos_id: int,
-        kind: str,
-        recipe: str,
-        threads: int,
-        tokenizer_path: str | None = None,
-        grader: str = "exact",
-        grader_timeout_s: float = 5.0,
-        vllm_options: dict[str, Any] | None = None,
-    ):
-        """`vllm_options`: VLLMEngine keywords (tensor_parallel_size, gpu_memory_utilization)."""
-        pin_threads(threads)
-        if kind == "vllm":  # vLLM places itself on the GPU(s) Ray gave this actor
+    def __init__(self, spec: GeneratorSpec):
+        pin_threads(spec.threads)
+        if spec.kind == "vllm":  # vLLM places itself on the GPU(s) Ray gave this actor
             from opdflow.engines.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(
-                model_path, pad_id=pad_id, eos_id=eos_id, recipe=recipe, **(vllm_options or {})
-            )
+            self.engine = VLLMEngine(spec.model, pad_id=spec.pad_id, eos_id=spec.eos_id,
+                                     recipe=spec.recipe, **spec.vllm_options())  # fmt: skip
         else:
             from opdflow.compute.device import stage_device
             from opdflow.engines.torch_engine import TorchEngine
 
-            self.engine = TorchEngine(model_path, pad_id, eos_id, recipe, str(stage_device()))
+            self.engine = TorchEngine(
+                spec.model, spec.pad_id, spec.eos_id, spec.recipe, str(stage_device())
+            )
         self.tok = None  # with a tokenizer, batches carry the 0/1 correctness reward
-        if tokenizer_path is not None:
+        if spec.tokenizer is not None:
             from opdflow.inputs.grader import make_grader
             from opdflow.inputs.models import load_tokenizer
 
-            self.tok = load_tokenizer(tokenizer_path)
-            self.grader = make_grader(grader, grader_timeout_s)
+            self.tok = load_tokenizer(spec.tokenizer)
+            self.grader = make_grader(spec.grader, spec.grader_timeout_s)
 
     def generate(
         self, request: GenerationRequest, weights: WeightsRef, step: int = -1
@@ -243,7 +233,9 @@ class GeneratorPool:
             rep.inflight[batch_ref] = t_ref
             rep.last_busy = self.clock()
             self._owner[batch_ref] = rep
-            links.append(Link(f"generator[{self.replicas.index(rep)}]", rep.handle, batch_ref))
+            links.append(
+                Link(actor_name("generator", self.replicas.index(rep)), rep.handle, batch_ref)
+            )
         self._peak_queued = max(self._peak_queued, len(self._owner))
         return links
 

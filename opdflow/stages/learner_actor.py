@@ -23,10 +23,10 @@ from typing import Any
 
 import ray
 
-from opdflow.config import LearnerResources, TrainConfig
 from opdflow.core.rollout import RolloutBatch
 from opdflow.stages.actor import StageActor, pin_threads
-from opdflow.weights.transport import ObjectStore, Transport
+from opdflow.stages.specs import LearnerSpec
+from opdflow.weights.transport import ObjectStore
 from opdflow.weights.version import WeightsRef
 
 CONCURRENCY_GROUPS = {"weights": 4, "sends": 4, "watch": 2}
@@ -55,26 +55,22 @@ class LearnerActor(StageActor):
 
     def __init__(
         self,
-        model_path: str,
-        train: TrainConfig,
-        seed: int = 0,
-        resources: LearnerResources | None = None,
-        transport: Transport | None = None,
+        spec: LearnerSpec,
         peer_options: list[dict[str, Any]] | None = None,
         rank: int = 0,
         rendezvous: str | None = None,
         timeline: int = 0,
     ):
-        """`resources`: its torch threads and workers (ranks); `transport`: how versions
-        move (weights/transport.py: parsed from weights.* by the driver; default the object
-        store); `peer_options`: the Ray options rank 0 starts each other rank with;
-        `timeline`: the learner group's number in the run (0, then one more each time the
-        learner heals), carried by every version it publishes (WeightsRef.timeline)."""
+        """`spec`: the model, training settings, seed, resources (torch threads, workers =
+        ranks) and transport (default the object store) of every rank; `peer_options`: the
+        Ray options rank 0 starts each other rank with; `timeline`: the learner group's
+        number in the run (0, then one more each time the learner heals), carried by every
+        version it publishes (WeightsRef.timeline)."""
         from opdflow.compute.fsdp import DistSpec, free_port
         from opdflow.stages.learner import Learner
 
-        res = resources or LearnerResources()
-        transport = transport or ObjectStore()
+        res, transport = spec.resources, spec.transport or ObjectStore()
+        model_path, train, seed = spec.model, spec.train, spec.seed
         pin_threads(res.torch_threads)
         self.rank, self.timeline = rank, timeline
         self.peers: list[Any] = []
@@ -86,7 +82,7 @@ class LearnerActor(StageActor):
                 self.peers = [
                     learner_class()
                     .options(**options[r - 1])
-                    .remote(model_path, train, seed, res, transport, None, r, rendezvous, timeline)
+                    .remote(spec, None, r, rendezvous, timeline)
                     for r in range(1, res.workers)
                 ]
             dist = DistSpec(rank, res.workers, str(rendezvous), ray.util.get_node_ip_address())

@@ -13,6 +13,7 @@ from opdflow.compute.device import stage_device
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.core.rollout import RolloutBatch, concat
 from opdflow.stages.actor import StageActor, pin_threads
+from opdflow.stages.specs import RescorerSpec
 from opdflow.weights.version import WeightsRef
 
 
@@ -59,9 +60,10 @@ class Rescorer:
 class RescorerActor(StageActor):
     """The rescorer as a Ray actor: fetches the versions it is handed, records spans."""
 
-    def __init__(self, model_path: str, threads: int, *args: Any):
-        pin_threads(threads)
-        self.stage = Rescorer(model_path, *args)
+    def __init__(self, spec: RescorerSpec):
+        pin_threads(spec.threads)
+        self.stage = Rescorer(spec.model, spec.temperature, spec.chunk_tokens,
+                              spec.micro_batch_tokens)  # fmt: skip
 
     def rescore(self, weights: WeightsRef, *batches: RolloutBatch, step: int = -1) -> RolloutBatch:
         """The batches, concatenated, rescored by the student at `weights`."""

@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from opdflow.compute.device import stage_device
 from opdflow.compute.scoring import DEFAULT_CHUNK_TOKENS, score_batch
 from opdflow.core.rollout import RolloutBatch
 from opdflow.stages.actor import StageActor, pin_threads
+from opdflow.stages.specs import TeacherSpec
 
 
 class TeacherScorer:
@@ -41,9 +40,9 @@ class TeacherScorer:
 class TeacherActor(StageActor):
     """The teacher scorer as a Ray actor."""
 
-    def __init__(self, model_path: str, threads: int, *args: Any):
-        pin_threads(threads)
-        self.stage = TeacherScorer(model_path, *args)
+    def __init__(self, spec: TeacherSpec):
+        pin_threads(spec.threads)
+        self.stage = TeacherScorer(spec.model, spec.chunk_tokens, spec.micro_batch_tokens)
 
     def score(self, batch: RolloutBatch, step: int = -1) -> RolloutBatch:
         with self.span("teacher", step, batch.version) as s:

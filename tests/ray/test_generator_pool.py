@@ -13,6 +13,7 @@ from support.waiting import wait_until
 
 from opdflow.engines.base import GenerationRequest, SamplingParams
 from opdflow.stages.generator import GeneratorPool, GeneratorWorker
+from opdflow.stages.specs import GeneratorSpec
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +42,7 @@ def make_worker(rollout_cluster, tiny, tokenizer):
             ray.remote(GeneratorWorker)
             .options(num_cpus=0, resources={"rollout": 1})
             .remote(
-                str(tiny.student),
-                tokenizer.pad_token_id,
-                tokenizer.eos_token_id,
-                "torch",
-                "bf16",
-                1,
+                GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id)
             )
         )
 

@@ -154,6 +154,7 @@ def test_a_consumer_fetches_a_new_timelines_version_of_the_same_number(ray_local
 
     from opdflow.inputs.models import load_model
     from opdflow.stages.generator import GeneratorWorker
+    from opdflow.stages.specs import GeneratorSpec
     from opdflow.weights.transport import put_version
     from opdflow.weights.version import pack
 
@@ -168,7 +169,7 @@ def test_a_consumer_fetches_a_new_timelines_version_of_the_same_number(ray_local
     worker = (
         ray.remote(GeneratorWorker)
         .options(num_cpus=0)
-        .remote(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id, "torch", "bf16", 1)
+        .remote(GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id))
     )  # fmt: skip
     v3_old = put_version(pack(old, 3))
     v3_new = dataclasses.replace(put_version(pack(new, 3)), timeline=1)

@@ -6,6 +6,7 @@ from support.batches import sampled_batch
 
 from opdflow.config import TrainConfig
 from opdflow.stages.learner_actor import learner_class
+from opdflow.stages.specs import LearnerSpec
 from opdflow.weights.fetcher import fetch_state
 
 
@@ -15,7 +16,7 @@ def test_a_nan_loss_is_skipped_and_reported_and_weights_stay(ray_local, tiny, to
         logp_rescore_B_T=batch.logp_engine_B_T,
         logp_teacher_B_T=np.full_like(batch.logp_engine_B_T, np.nan),
     )
-    learner = learner_class().remote(str(tiny.student), TrainConfig())
+    learner = learner_class().remote(LearnerSpec(str(tiny.student), TrainConfig()))
     before = fetch_state(ray.get(learner.publish.remote()))
     out = ray.get(learner.train_step.remote(0, bad))
     assert out["skipped"] is True

@@ -21,6 +21,7 @@ from opdflow.inputs.models import load_model
 from opdflow.record.checkpoint import Checkpoint, checkpoints_dir, read_state
 from opdflow.record.rundir import RunDir, read_table
 from opdflow.stages.learner_actor import learner_class
+from opdflow.stages.specs import LearnerSpec
 from opdflow.weights.fetcher import fetch_state
 
 SAME = ("loss", "train_kl", "grad_norm", "entropy", "d_stale_k1", "d_stale_k3", "d_total_k1")
@@ -43,14 +44,17 @@ MICRO = dataclasses.replace(WHOLE, micro_batch_tokens=40)
 
 
 def _one(tiny):
-    return learner_class().options(num_cpus=0.5).remote(str(tiny.student), WHOLE)
+    return learner_class().options(num_cpus=0.5).remote(LearnerSpec(str(tiny.student), WHOLE))
 
 
 def _two(tiny):
     return (
         learner_class()
         .options(num_cpus=0.5)
-        .remote(str(tiny.student), MICRO, 0, LearnerResources(workers=2), None, [{"num_cpus": 0.5}])
+        .remote(
+            LearnerSpec(str(tiny.student), MICRO, resources=LearnerResources(workers=2)),
+            [{"num_cpus": 0.5}],
+        )
     )
 
 

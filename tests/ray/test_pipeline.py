@@ -120,3 +120,12 @@ def test_run_directory_contents(runs):
     ):
         assert key in row
     assert summary["updates_per_hour"] > 0
+
+
+def test_one_name_per_actor_in_spans_events_and_placement(runs):
+    # core/actor_name.py: the profiler's spans, the placement event (the node watch) and the
+    # stages' table name each actor alike (a generator is generator[i] in all of them)
+    _, _, run = runs[2]
+    spans = {r["actor"] for r in read_table(run.path / "spans.parquet")}
+    placed = next(e for e in run.events() if e["event"] == "placement")["actors"]
+    assert spans == set(placed) == {"generator[0]", "rescorer", "teacher", "learner", "evaluator"}

@@ -19,6 +19,7 @@ from opdflow.config import LearnerResources, TrainConfig
 from opdflow.inputs.models import load_model
 from opdflow.stages.learner_actor import learner_class
 from opdflow.stages.rescorer import RescorerActor
+from opdflow.stages.specs import LearnerSpec, RescorerSpec
 from opdflow.weights.transport import Collective
 
 STEPS = 12
@@ -76,11 +77,12 @@ def test_fetches_beside_a_two_rank_learner_never_hang_and_load_the_staged_bytes(
         learner_class()
         .options(num_cpus=0.5)
         .remote(
-            str(tiny.student), train, 0, LearnerResources(workers=2),
-            Collective(bucket_bytes=BUCKET, timeout_s=TIMEOUT_S), [{"num_cpus": 0.5}],
+            LearnerSpec(str(tiny.student), train, 0, LearnerResources(workers=2),
+                        Collective(bucket_bytes=BUCKET, timeout_s=TIMEOUT_S)),
+            [{"num_cpus": 0.5}],
         )
     )  # fmt: skip
-    consumer = ray.remote(RescorerActor).options(num_cpus=0).remote(str(tiny.student), 1)
+    consumer = ray.remote(RescorerActor).options(num_cpus=0).remote(RescorerSpec(str(tiny.student)))
     try:
         weights = ray.get(learner.publish.remote(), timeout=TIMEOUT_S)
         staged = {0: ray.get(learner.__ray_call__.remote(staged_digest, 0))}

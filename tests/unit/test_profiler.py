@@ -44,7 +44,7 @@ def test_recorder_times_work_and_drains_once():
     w.work(4)
     raw = w.drain_spans()
     assert w.drain_spans() == []
-    spans = [to_span(r, "generator/0", epoch0) for r in raw]
+    spans = [to_span(r, "generator[0]", epoch0) for r in raw]
     assert [s.step for s in spans] == [3, 4]
     assert [s.version for s in spans] == [2, 3]
     assert all(s.tokens == 42 and s.bytes == 0 for s in spans)
@@ -61,10 +61,10 @@ def test_a_span_is_recorded_even_when_the_work_raises():
 
 def _spans() -> list[Span]:
     return [
-        Span("generator", "generator/0", 0, 0, 0.0, 1.0, 10, 0),
-        Span("generator", "generator/1", 0, 0, 0.0, 0.5, 10, 0),
-        Span("fetch", "generator/0", 1, 1, 2.0, 2.5, 0, 1000),
-        Span("generator", "generator/0", 1, 1, 2.5, 3.0, 10, 0),
+        Span("generator", "generator[0]", 0, 0, 0.0, 1.0, 10, 0),
+        Span("generator", "generator[1]", 0, 0, 0.0, 0.5, 10, 0),
+        Span("fetch", "generator[0]", 1, 1, 2.0, 2.5, 0, 1000),
+        Span("generator", "generator[0]", 1, 1, 2.5, 3.0, 10, 0),
         Span("learner", "learner", 0, 0, 1.0, 2.0, 20, 0),
         Span("publish", "learner", 0, 1, 2.0, 2.2, 0, 500),
         Span("learner", "learner", 1, 1, 3.0, 4.0, 20, 0),
@@ -72,9 +72,9 @@ def _spans() -> list[Span]:
 
 
 def test_step_columns_busy_share_per_actor_kind_and_fetches():
-    actors = ["generator/0", "generator/1", "rescorer", "teacher", "learner", "evaluator"]
+    actors = ["generator[0]", "generator[1]", "rescorer", "teacher", "learner", "evaluator"]
     cols = step_columns(_spans(), 0.0, 4.0, actors)
-    # generator/0 busy 1.0 + 0.5 (fetch) + 0.5 = 2.0 of 4; generator/1 0.5 of 4
+    # generator[0] busy 1.0 + 0.5 (fetch) + 0.5 = 2.0 of 4; generator[1] 0.5 of 4
     assert cols["busy_share_generator"] == pytest.approx((2.0 / 4 + 0.5 / 4) / 2)
     # learner: train 1.0 + publish 0.2 + train 1.0
     assert cols["busy_share_learner"] == pytest.approx(2.2 / 4)
@@ -108,7 +108,7 @@ def test_spans_parquet_and_trace_json_are_well_formed(tmp_path):
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == len(spans)
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert set(names.values()) == {"generator/0", "generator/1", "learner"}
+    assert set(names.values()) == {"generator[0]", "generator[1]", "learner"}
     for e in complete:
         assert e["tid"] in names and e["dur"] >= 0 and e["cat"] in STAGES
         assert {"step", "version", "tokens", "bytes"} <= set(e["args"])

@@ -10,7 +10,7 @@ from opdflow.analysis.faults import learner_losses
 from opdflow.commands.console import learner_losses_line
 from opdflow.core.launch import Launches
 from opdflow.core.staleness import FixedStaleness
-from opdflow.driver.controller import RowQueue
+from opdflow.driver.recorder import RowQueue
 
 
 def _res(v: int) -> dict:

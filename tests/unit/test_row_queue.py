@@ -2,7 +2,7 @@
 
 import math
 
-from opdflow.driver.controller import RowQueue
+from opdflow.driver.recorder import RowQueue
 
 
 def _queue(every: int, steps: int, first: int = 0):

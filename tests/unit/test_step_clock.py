@@ -2,7 +2,7 @@
 
 import math
 
-from opdflow.driver.controller import StepClock
+from opdflow.driver.recorder import StepClock
 
 
 def _clock(times):

@@ -91,14 +91,13 @@ def test_a_tensor_parallel_replica_samples_and_follows_weight_updates(
     from test_vllm_engine import _rescore
 
     from opdflow.stages.generator import GeneratorWorker
+    from opdflow.stages.specs import GeneratorSpec
 
     worker = (
         ray.remote(GeneratorWorker)
         .options(num_cpus=0)
-        .remote(
-            str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id, "vllm", "bf16",
-            1, None, "exact", 5.0, {"tensor_parallel_size": 2},
-        )
+        .remote(GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                              "vllm", tensor_parallel_size=2))
     )  # fmt: skip
     try:
         params = SamplingParams(return_logdist=True)
@@ -137,19 +136,19 @@ def test_a_tensor_parallel_replica_takes_collective_versions_on_a_pair_per_worke
     from opdflow.config import TrainConfig
     from opdflow.stages.generator import GeneratorWorker
     from opdflow.stages.learner_actor import learner_class
+    from opdflow.stages.specs import GeneratorSpec, LearnerSpec
     from opdflow.weights.transport import Collective
 
     bucket = 2**16
     learner = learner_class().options(num_cpus=0).remote(
-        str(tiny.teacher), TrainConfig(), 0, None, Collective(bucket_bytes=bucket, timeout_s=300)
+        LearnerSpec(str(tiny.teacher), TrainConfig(),
+                    transport=Collective(bucket_bytes=bucket, timeout_s=300))
     )  # fmt: skip
     worker = (
         ray.remote(GeneratorWorker)
         .options(num_cpus=0)
-        .remote(
-            str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id, "vllm", "bf16",
-            1, None, "exact", 5.0, {"tensor_parallel_size": 2},
-        )
+        .remote(GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                              "vllm", tensor_parallel_size=2))
     )  # fmt: skip
     try:
 
