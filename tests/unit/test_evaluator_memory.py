@@ -73,6 +73,7 @@ def _peak(root, prompts: int, batch_prompts: int) -> float:
     return json.loads(done.stdout.strip().splitlines()[-1])["increase_gb"]
 
 
+@pytest.mark.slow  # a memory measurement in fresh processes: not the fast tier
 def test_held_out_memory_does_not_grow_with_the_prompt_count(models):
     few, many, unbatched = _peak(models, 64, 64), _peak(models, 512, 64), _peak(models, 512, 512)
     print(f"64 prompts: +{few:.3f} GB; 512 in batches of 64: +{many:.3f} GB; "

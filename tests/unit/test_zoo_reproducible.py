@@ -23,9 +23,12 @@ import pytest
 from opdflow.config import TaskSpec, TinyModelSpec
 from opdflow.testbed.zoo import build, build_env, ensure_tiny
 
-pytestmark = pytest.mark.skipif(
-    platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
+    ),
+    pytest.mark.slow,  # builds in child processes (minutes)
+]
 
 SPEC = TinyModelSpec(student="carry_blind", teacher_steps=8, carry_blind_steps=2, batch_size=32)
 PORTABLE = dataclasses.replace(SPEC, portable_kernels=True)
