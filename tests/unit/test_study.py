@@ -183,9 +183,9 @@ def test_a_finished_run_made_with_another_config_is_never_overwritten(tmp_path):
 
     from rich.console import Console
 
-    from opdflow.study.runner import train_one
     from opdflow.driver.session import Session
     from opdflow.errors import ConfigError
+    from opdflow.study.runner import train_one
 
     scale, arms = plan(quick=True)
     d = tmp_path / "runs" / f"{arms[0].slug}-seed0"
