@@ -97,4 +97,7 @@ def test_params_json_and_report_of_the_real_run(logged_run):
     page = write_report([path]).read_text()
     assert "Held-out KL" in page and "trk" in page
     assert any(w in page for w in ("generation-bound", "trainer-bound", "balanced"))
-    assert "no spans recorded" in page or "stage timeline of trk" in page
+    # a real run always has spans: every step's learner span, and the page draws them
+    spans = read_table(path / "spans.parquet")
+    assert sorted(s["step"] for s in spans if s["stage"] == "learner") == list(range(STEPS))
+    assert "stage timeline of trk" in page and "no spans recorded" not in page

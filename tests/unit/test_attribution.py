@@ -9,18 +9,22 @@ from opdflow.config.loader import load_pipeline
 
 pytestmark = pytest.mark.slow  # builds the planted tiny models once per cache (minutes)
 
+PROMPTS = 8
+"""Prompts per measurement: the planted layer moves D by orders of magnitude (its share
+0.999, its escape 1,000x), so a few prompts separate every compared case."""
+
 
 @pytest.fixture(scope="module")
 def planted():
     cfg = load_pipeline("pipelines/tiny_cpu.py:planted")
-    session = MeasureSession(cfg, num_prompts=32, responses_per_prompt=4)
+    session = MeasureSession(cfg, num_prompts=PROMPTS, responses_per_prompt=4)
     return attribute(cfg, "fp8_kv", session=session)
 
 
 @pytest.fixture(scope="module")
 def unplanted(tiny):
     cfg = PipelineConfig()
-    session = MeasureSession(cfg, num_prompts=32, responses_per_prompt=4)
+    session = MeasureSession(cfg, num_prompts=PROMPTS, responses_per_prompt=4)
     return attribute(cfg, "fp8_kv", session=session)
 
 

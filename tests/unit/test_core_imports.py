@@ -288,7 +288,7 @@ def _violations(folder: str) -> list[str]:
         if module.split(".")[1:2] != [folder] or path.parent != PACKAGE / folder:
             continue
         for line, base, name, _ in _imports(module):
-            root, *_rest = base.split(".")
+            root = base.split(".")[0]
             if root == "opdflow":
                 target = _resolve(f"{base}.{name}" if name else base) or base
                 parts = target.split(".")

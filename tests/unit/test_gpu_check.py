@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 NO_RAY = (
@@ -16,6 +18,7 @@ NO_RAY = (
 )
 
 
+@pytest.mark.slow  # every stage in a child process: the stages' own tests are in the fast tier
 def test_gpu_check_runs_tiny_on_cpu_without_ray(tmp_path):
     out = tmp_path / "check.json"
     args = [str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny", "--out", str(out)]

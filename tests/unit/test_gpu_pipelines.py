@@ -2,6 +2,7 @@
 fit two nodes of four GPUs; a pipeline that asks for more, or for GPU shares that do not
 tile a GPU, is refused with the field named."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,56 @@ PAPER_CLUSTER = "2x4:72"  # two nodes of four GH200 (72 cores each)
 CLUSTERS = {"student_7b_2x8": ("2x8:128", "2x4:72")}  # function: (its cluster, too small)
 
 
+PROTOCOL = (
+    "engine.kind", "engine.recipe", "engine.max_new_tokens", "engine.temperature",
+    "data.train", "data.heldout", "data.grader", "data.prompts_per_step",
+    "data.responses_per_prompt", "data.max_prompt_tokens", "train.lr", "train.steps",
+    "eval.prompts", "eval.every", "eval.samples_per_prompt",
+)  # fmt: skip
+"""What the paper holds fixed across its runs (the runs are compared on it)."""
+
+
+def _flat(cfg) -> dict:
+    """A pipeline config as {"section.field": value}."""
+    out = {}
+    for section, fields in dataclasses.asdict(cfg).items():
+        if isinstance(fields, dict):
+            out.update({f"{section}.{k}": v for k, v in fields.items()})
+        else:
+            out[section] = fields
+    return out
+
+
 def test_the_file_has_both_students():
     assert {"student_7b", "student_1p5b", "student_7b_async"} <= set(pipeline_functions(FILE))
+
+
+def test_the_standard_run_and_its_async_variant_differ_only_in_k():
+    """The paper's comparison: the standard run (synchronous BF16, k = 0) against the same
+    run with weights up to k versions stale; the held-out set is AIME24 (30 problems) and
+    MATH-500 (500), one evaluation prompt per problem."""
+    standard = load_pipeline(f"{FILE}:student_7b")
+    stale = load_pipeline(f"{FILE}:student_7b_async")
+    a, b = _flat(standard), _flat(stale)
+    assert {key for key in a if a[key] != b[key]} == {"name", "staleness.k"}
+    assert standard.staleness.k == 0 < stale.staleness.k
+    assert standard.engine.recipe == "bf16" and standard.engine.kind == "vllm"
+    assert standard.eval.prompts == 30 + 500
+    # the 1.5B student: the same protocol and layout, a smaller model, larger micro-batches
+    small = load_pipeline(f"{FILE}:student_1p5b")
+    assert small.resources == standard.resources and small.staleness == standard.staleness
+    assert small.train.micro_batch_tokens > standard.train.micro_batch_tokens
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.split(":")[-1])
 def test_each_follows_the_paper_and_fits_its_cluster(spec):
     cfg = load_pipeline(spec)
-    assert cfg.engine.kind == "vllm" and cfg.engine.recipe == "bf16"
-    assert (cfg.data.prompts_per_step, cfg.data.responses_per_prompt) == (8, 8)
-    assert cfg.engine.max_new_tokens == 16384 and cfg.engine.temperature == 1.0
-    assert (cfg.train.lr, cfg.train.steps, cfg.eval.prompts) == (1e-6, 200, 530)
-    assert cfg.models.student.endswith(("DeepSeek-R1-Distill-Qwen-7B", "-1.5B"))
-    assert cfg.data.train.endswith("dapo-math-17k.parquet")
+    # the paper's protocol, one for every variant: a variant changes size, placement or k,
+    # never what the runs are compared on
+    standard = _flat(load_pipeline(f"{FILE}:student_7b"))
+    assert {key: _flat(cfg)[key] for key in PROTOCOL} == {key: standard[key] for key in PROTOCOL}
+    # each student is taught by an RL-fine-tuned version of itself
+    assert cfg.models.teacher == cfg.models.student + "-RL"
     # memory by token budgets: a micro-batch holds a full-length response, layers recompute
     row = cfg.data.max_prompt_tokens + cfg.engine.max_new_tokens
     assert row <= cfg.train.micro_batch_tokens <= 2 * row

@@ -1,9 +1,9 @@
 """Learner memory follows the token budget, not the batch, and the gradient does not change.
 
 A Qwen2-shaped student of 51M parameters with a 32k vocabulary (random weights, saved as a
-local checkpoint) takes one learner step on 16 responses of 1,024 tokens, in a fresh
+local checkpoint) takes one learner step on 16 responses of 512 tokens, in a fresh
 process each: once with train.micro_batch_tokens=0 (the whole batch in one forward and
-backward) and once with 2,048 (one response per micro-batch). Its peak RSS during the step
+backward) and once with 1,024 (one response per micro-batch, two short ones). Its peak RSS during the step
 (VmHWM, reset just before it) above the RSS before it must be at most a quarter of the
 unbounded step's, and the accumulated gradient must equal the full-batch gradient within
 float tolerance. Both steps first take a one-response warm-up step, so code loaded on first
@@ -18,7 +18,10 @@ import sys
 import numpy as np
 import pytest
 
-B, P, T, V = 16, 16, 1024, 32_000
+B, P, T, V = 16, 16, 512, 32_000
+BUDGET = 1024
+"""Tokens per micro-batch: a full response (P + T) alone, two short ones (P + SHORT) together."""
+SHORT = 450
 
 CHILD = r"""
 import json, sys
@@ -72,7 +75,7 @@ def student(tmp_path_factory):
     model.save_pretrained(root / "student")
     rng = np.random.default_rng(0)
     mask = np.ones((B, T), bool)
-    mask[1::2, 900:] = False  # ragged responses
+    mask[1::2, SHORT:] = False  # ragged responses
     logp = rng.normal(-10.0, 1.0, (B, T)).astype(np.float32)
     save_file(
         {
@@ -108,8 +111,8 @@ def test_micro_batches_bound_the_learner_step_and_keep_its_gradient(student):
     from safetensors.torch import load_file
     from torch.testing import assert_close
 
-    whole, micro = _step(student, 0), _step(student, 2048)
-    print(f"unbounded: {whole}\nmicro_batch_tokens=2048: {micro}")
+    whole, micro = _step(student, 0), _step(student, BUDGET)
+    print(f"unbounded: {whole}\nmicro_batch_tokens={BUDGET}: {micro}")
     assert whole["micro_batches"] == 1 and micro["micro_batches"] == 12  # short ones in pairs
     assert micro["increase_gb"] <= whole["increase_gb"] / 4, (whole, micro)
     ref, got = load_file(whole["grads"]), load_file(micro["grads"])

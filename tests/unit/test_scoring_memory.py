@@ -118,6 +118,7 @@ def run_child(path: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a memory measurement in fresh processes: not the fast tier
 def test_150k_vocabulary_1k_token_learner_step_holds_chunks_never_the_whole_logits():
     chunked, full = run_child("chunked"), run_child("full")
     print(f"chunked: {chunked}\nfull: {full}")

@@ -23,13 +23,18 @@ import pytest
 from opdflow.config import TaskSpec, TinyModelSpec
 from opdflow.testbed.zoo import build, build_env, ensure_tiny
 
-pytestmark = pytest.mark.skipif(
-    platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        platform.machine().lower() not in ("x86_64", "amd64"), reason="kernels are pinned on x86-64"
+    ),
+    pytest.mark.slow,  # builds in child processes (minutes)
+]
 
-SPEC = TinyModelSpec(student="carry_blind", teacher_steps=8, carry_blind_steps=2, batch_size=32)
+# small: every float kernel a build runs (init, forward, backward, AdamW, the greedy
+# check) runs at least once; the weights differ after one step when the kernels do
+SPEC = TinyModelSpec(student="carry_blind", teacher_steps=3, carry_blind_steps=1, batch_size=8)
 PORTABLE = dataclasses.replace(SPEC, portable_kernels=True)
-TASK = TaskSpec(worked=True, num_train=256, num_heldout=32)
+TASK = TaskSpec(worked=True, num_train=32, num_heldout=4)
 OLD_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
 
 
@@ -51,8 +56,15 @@ def _unpinned_build(root: Path, machine: dict[str, str]) -> dict[str, str]:
     return _weights(root)
 
 
-def test_unpinned_builds_differ_between_the_emulated_machines(tmp_path):
-    assert _unpinned_build(tmp_path / "old", OLD_CPU) != _unpinned_build(tmp_path / "this", {})
+@pytest.fixture(scope="module")
+def default_here(tmp_path_factory):
+    """A default (unpinned) build on this CPU, by ensure_tiny in its child process; shared
+    by the two tests that compare it with another build."""
+    return ensure_tiny(SPEC, TASK, str(tmp_path_factory.mktemp("zoo")), log=lambda _: None)
+
+
+def test_unpinned_builds_differ_between_the_emulated_machines(tmp_path, default_here):
+    assert _unpinned_build(tmp_path / "old", OLD_CPU) != _weights(default_here.root)
 
 
 def test_portable_builds_are_equal_on_the_emulated_machines(tmp_path, monkeypatch):
@@ -66,8 +78,7 @@ def test_portable_builds_are_equal_on_the_emulated_machines(tmp_path, monkeypatc
     assert os.environ["ATEN_CPU_CAPABILITY"] == "default"  # the caller's env is left alone
 
 
-def test_a_default_build_in_the_child_equals_one_in_this_process(tmp_path):
-    child = ensure_tiny(SPEC, TASK, str(tmp_path / "child"), log=lambda _: None)
-    assert child.info["kernels"]["mkl_cbwr"] == os.environ.get("MKL_CBWR", "")
+def test_a_default_build_in_the_child_equals_one_in_this_process(tmp_path, default_here):
+    assert default_here.info["kernels"]["mkl_cbwr"] == os.environ.get("MKL_CBWR", "")
     build(SPEC, TASK, tmp_path / "here", lambda _: None)
-    assert _weights(tmp_path / "here") == _weights(child.root)
+    assert _weights(tmp_path / "here") == _weights(default_here.root)
