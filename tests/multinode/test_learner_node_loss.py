@@ -111,7 +111,9 @@ def uninterrupted(cluster):
     )
 
 
-@pytest.mark.parametrize("rank", [1, 0])
+# rank 0's node: it also holds the publisher, the harder of the two (rank 1's node heals
+# the same way, measured in docs/RELIABILITY.md; rank 1's process: tests/ray/test_healing.py)
+@pytest.mark.parametrize("rank", [0])
 def test_a_learner_ranks_node_lost_heals_onto_the_other_node(cluster, uninterrupted, rank):
     run = Driver(cluster, f"lose-rank{rank}")
     ckpts = checkpoints_dir(run.run)
