@@ -85,20 +85,22 @@ def test_tiny_pipeline_runs_with_the_vllm_engine(tmp_path, cluster, weights, tin
     assert 0.7 < on_vllm / torch_kl < 1.4
 
 
+def _tp2_worker(tiny, tokenizer):
+    """A generator replica of the tiny student on vLLM with tensor_parallel_size=2."""
+    from opdflow.stages.generator import GeneratorWorker
+    from opdflow.stages.specs import GeneratorSpec
+
+    spec = GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                         "vllm", tensor_parallel_size=2)  # fmt: skip
+    return ray.remote(GeneratorWorker).options(num_cpus=0).remote(spec)
+
+
 def test_a_tensor_parallel_replica_samples_and_follows_weight_updates(
     cluster, weights, tiny, tokenizer, prompts
 ):
     from test_vllm_engine import _rescore
 
-    from opdflow.stages.generator import GeneratorWorker
-    from opdflow.stages.specs import GeneratorSpec
-
-    worker = (
-        ray.remote(GeneratorWorker)
-        .options(num_cpus=0)
-        .remote(GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                              "vllm", tensor_parallel_size=2))
-    )  # fmt: skip
+    worker = _tp2_worker(tiny, tokenizer)
     try:
         params = SamplingParams(return_logdist=True)
         kls = {}
@@ -134,9 +136,8 @@ def test_a_tensor_parallel_replica_takes_collective_versions_on_a_pair_per_worke
     from test_vllm_engine import _rescore
 
     from opdflow.config import TrainConfig
-    from opdflow.stages.generator import GeneratorWorker
     from opdflow.stages.learner_actor import learner_class
-    from opdflow.stages.specs import GeneratorSpec, LearnerSpec
+    from opdflow.stages.specs import LearnerSpec
     from opdflow.weights.transport import Collective
 
     bucket = 2**16
@@ -144,12 +145,7 @@ def test_a_tensor_parallel_replica_takes_collective_versions_on_a_pair_per_worke
         LearnerSpec(str(tiny.teacher), TrainConfig(),
                     transport=Collective(bucket_bytes=bucket, timeout_s=300))
     )  # fmt: skip
-    worker = (
-        ray.remote(GeneratorWorker)
-        .options(num_cpus=0)
-        .remote(GeneratorSpec(str(tiny.student), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                              "vllm", tensor_parallel_size=2))
-    )  # fmt: skip
+    worker = _tp2_worker(tiny, tokenizer)
     try:
 
         def at_version_1(actor):
