@@ -380,6 +380,20 @@ class Learner:
     def record(self) -> list[tuple[int, int]]:
         return list(self.trained_steps)
 
+    def close(self) -> None:
+        """End this rank, every rank at once: the running cast and save settle, then the
+        process group goes. A process that leaves a gloo group to interpreter exit may
+        abort there (its worker threads still hold tensors), so one that owns a learner
+        ends it here; an actor that is killed needs nothing."""
+        self.cast.close()
+        self.saves.wait()
+        if self.sharded:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()  # no rank tears down while a peer still sends to it
+                dist.destroy_process_group()
+
 
 def _host(a: np.ndarray | None) -> torch.Tensor | None:
     """A batch array as a CPU tensor (a copy: arrays from the object store are read-only)."""

@@ -58,6 +58,7 @@ for step, budget in enumerate(budgets, 1):
     out = learner.train_step(step, batch)
     peaks.append({"budget": budget, "peak_gb": out["learner_peak_mem_gb"],
                   "micro_batches": out["micro_batches"]})
+learner.close()
 if rank == 0:
     print(json.dumps(peaks))
 """
