@@ -67,6 +67,27 @@ def quiet_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def sync_auth() -> None:
+    """Make this process's Ray follow RAY_AUTH_MODE / RAY_AUTH_TOKEN[_PATH] as they are now:
+    Ray reads the mode once and caches the token, so a process that talks to a second
+    cluster (another token, or none) would still send the first one's. A local `ray.init`
+    sets RAY_AUTH_MODE=token for this process when a token exists (~/.ray/auth_token), and
+    its GCS follows the environment: a cached mode that disagrees fails the start."""
+    try:
+        from ray._raylet import (
+            AuthenticationMode,
+            AuthenticationTokenLoader,
+            Config,
+            get_authentication_mode,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    wants_token = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    if wants_token != (get_authentication_mode() == AuthenticationMode.TOKEN):
+        Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def connect(num_cpus: float | None = None) -> bool:
     """Initialise Ray if needed; returns True when this call started a local cluster."""
     import ray
@@ -74,6 +95,7 @@ def connect(num_cpus: float | None = None) -> bool:
     if ray.is_initialized():
         return False
     quiet_env()
+    sync_auth()
     env = {"env_vars": QUIET_ENV}
     address = os.environ.get("RAY_ADDRESS")
     if address:

@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from opdflow.cluster.connection import sync_auth
 from opdflow.commands.options import (
     address_option,
     pipeline_argument,
@@ -71,25 +72,6 @@ def job_client(address: str | None, token: str | None = None) -> Any:
         raise click.ClickException(
             f"cannot reach the Ray Jobs API at {address}: {text}; {hint}"
         ) from None
-
-
-def sync_auth() -> None:
-    """Make this process's Ray follow RAY_AUTH_MODE / RAY_AUTH_TOKEN[_PATH] as they are now:
-    Ray reads the mode once and caches the token, so a process that talks to a second
-    cluster (another token, or none) would still send the first one's."""
-    try:
-        from ray._raylet import (
-            AuthenticationMode,
-            AuthenticationTokenLoader,
-            Config,
-            get_authentication_mode,
-        )
-    except ImportError:  # a Ray without token authentication
-        return
-    wants_token = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
-    if wants_token != (get_authentication_mode() == AuthenticationMode.TOKEN):
-        Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def runtime_env(

@@ -42,6 +42,7 @@ from opdflow.testbed.raynode import (
     Node,
     NodeSpec,
     ray_start_argv,
+    refuse_hidden,
     start_in_namespace,
 )
 
@@ -160,6 +161,7 @@ class NetCluster:
         alive in Ray's node table. On any failure everything started is torn down."""
         if self.nodes:
             raise RuntimeError("this NetCluster is already started")
+        refuse_hidden(python=self.python, pythonpath=self.pythonpath, base=self.base)
         try:
             self.base.mkdir(parents=True, exist_ok=True)
             (self.base / "logs").mkdir(exist_ok=True)

@@ -22,6 +22,24 @@ PRIVATE_DIRS = ("/tmp",)
 """Paths each node gets as a private tmpfs (Ray's temp dir /tmp/ray lives there)."""
 
 
+def hidden_from_nodes(paths: list[str | Path]) -> list[str]:
+    """Those of `paths` no node can see: they lie under a directory each node mounts as its
+    own empty tmpfs (PRIVATE_DIRS), as a venv or checkout under /tmp would."""
+    return [
+        str(p) for p in paths if any(Path(p).absolute().is_relative_to(d) for d in PRIVATE_DIRS)
+    ]
+
+
+def refuse_hidden(**paths: str | Path) -> None:
+    """Raise, naming each of `paths` (keyword: its role) that no node can see, before a
+    cluster is made: its nodes would fail one by one ("ray: not found")."""
+    if hidden := [f"{p} ({role})" for role, p in paths.items() if hidden_from_nodes([p])]:
+        raise ValueError(
+            f"the nodes cannot see {', '.join(hidden)}: each node mounts its own empty "
+            f"{', '.join(PRIVATE_DIRS)}; put them outside it, e.g. under /var/tmp"
+        )
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One node: its name, logical CPUs, custom resources and object store size."""

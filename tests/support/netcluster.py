@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,9 +55,13 @@ CLOSE = ("loss", "d_engine_k1", "d_engine_k3", "d_stale_k1", "d_total_k1", "trai
 
 @functools.cache
 def why_not() -> str | None:
-    """Why a namespaced cluster cannot run here (None when it can)."""
+    """Why a namespaced cluster cannot run here (None when it can): no namespaces, or this
+    venv or checkout where the nodes cannot see it (under /tmp, which each node has empty)."""
     from opdflow.testbed.netns import unavailable
+    from opdflow.testbed.raynode import hidden_from_nodes
 
+    if hidden := hidden_from_nodes([sys.executable, ROOT]):
+        return f"the nodes cannot see {', '.join(hidden)} (each has its own /tmp)"
     return unavailable()
 
 
@@ -93,7 +98,7 @@ def opdflow_cli(cluster: NetCluster, args: list[str]):
     from click.testing import CliRunner
 
     from opdflow.cli import main
-    from opdflow.commands.jobs import sync_auth
+    from opdflow.cluster.connection import sync_auth
 
     try:
         return CliRunner().invoke(main, args, env=cluster.client_env(), catch_exceptions=False)
@@ -112,7 +117,8 @@ def job_status(cluster: NetCluster, job_id: str, timeout_s: float = 900.0) -> st
     """The job's status once it is terminal (SUCCEEDED, FAILED, STOPPED)."""
     import os
 
-    from opdflow.commands.jobs import job_client, sync_auth
+    from opdflow.cluster.connection import sync_auth
+    from opdflow.commands.jobs import job_client
 
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update({k: cluster.client_env()[k] for k in saved})
