@@ -10,12 +10,10 @@ own process group and cluster), so this session's Ray state is untouched.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
+
+from support.processes import run_python_group
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -37,18 +35,6 @@ ray.shutdown()
 def test_a_local_cluster_starts_after_the_environment_changed_the_auth_mode():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)  # a liveness guard, not a speed check
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its cluster is left
-    assert proc.returncode == 0, err[-3000:]
+    code, out, err = run_python_group(CHILD, env, 300)
+    assert code == 0, err[-3000:]
     assert "token mode: True" in out, out  # the mode the environment asked for

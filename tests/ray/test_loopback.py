@@ -10,14 +10,11 @@ all interfaces. The test only reads socket tables; it connects to nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
+from support.processes import run_python_group
 from support.sockets import is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,20 +40,8 @@ def test_embedded_cluster_registers_and_binds_loopback_only(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # the default a user has
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(tests=str(ROOT / "tests"))],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=180)  # a liveness guard, not a speed check
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its cluster is left
-    assert proc.returncode == 0, err[-3000:]
+    code, out, err = run_python_group(CHILD.format(tests=str(ROOT / "tests")), env, 180)
+    assert code == 0, err[-3000:]
     seen = json.loads(out.strip().splitlines()[-1])
     assert seen["nodes"] == ["127.0.0.1"], seen["nodes"]
     assert seen["gcs"].startswith("127.0.0.1:"), seen["gcs"]
